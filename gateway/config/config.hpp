@@ -1,0 +1,143 @@
+#pragma once
+// The gateway's configuration as loaded from YAML (SPEC §2). Plain values, validated by the
+// loader: every field here already holds a value that is in range. Shared between threads as
+// `std::shared_ptr<const Config>` and swapped whole on reload.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gateway/core/status_set.hpp"
+
+namespace idemgate::config {
+
+using Duration = std::chrono::milliseconds;
+
+/// A listening address; `port` 0 lets the OS choose.
+struct Listen {
+  std::string address = "127.0.0.1";
+  std::uint16_t port = 8080;
+  /// TLS files (PEM); both empty means plain HTTP.
+  std::string tls_cert;
+  std::string tls_key;
+};
+
+/// `limits:` — client-side limits (SPEC C04, C07).
+struct Limits {
+  std::size_t max_request_body = 1024 * 1024;       ///< bytes; larger → 413
+  std::size_t max_header_bytes = 8 * 1024;          ///< bytes of the header section; larger → 431
+  Duration header_read_timeout = std::chrono::seconds(10);
+  Duration idle_timeout = std::chrono::seconds(60);
+  Duration drain_timeout = std::chrono::seconds(30);
+};
+
+struct Postgres {
+  std::string dsn;
+  int pool_size = 8;  ///< connections per gateway process, spread over the io threads
+  Duration operation_timeout = std::chrono::seconds(2);
+};
+
+struct Redis {
+  std::string address = "127.0.0.1";
+  std::uint16_t port = 6379;
+  int db = 0;
+  std::string password;  ///< empty: no AUTH
+  Duration operation_timeout = std::chrono::milliseconds(500);
+};
+
+struct Cleanup {
+  Duration interval = std::chrono::minutes(10);
+  int batch = 5000;  ///< rows deleted per statement
+};
+
+struct Storage {
+  Postgres postgres;
+  Redis redis;
+  Cleanup cleanup;
+};
+
+/// One `host:port` of an upstream.
+struct Server {
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+struct Upstream {
+  std::string name;
+  std::vector<Server> servers;  ///< round robin; a server that refuses a connection is skipped
+  Duration connect_timeout = std::chrono::seconds(1);
+  Duration request_timeout = std::chrono::seconds(20);
+  int max_idle_connections = 64;  ///< per io thread
+  Duration idle_timeout = std::chrono::seconds(4);
+  std::size_t max_response_body = 64 * 1024 * 1024;  ///< bytes
+};
+
+enum class IdempotencyMode { off, optional, required };
+enum class Concurrency { reject, wait };
+enum class UpstreamKey { passthrough, rewrite, strip };
+enum class UnknownOutcome { hold, release };
+enum class FingerprintBody { bytes, json };
+enum class StoreErrorPolicy { fail_closed, fail_open };
+
+/// Where a route's idempotency key comes from (SPEC C37). Exactly one kind is set.
+struct KeySource {
+  enum class Kind { header, json_pointer, headers };
+  Kind kind = Kind::header;
+  std::string header = "Idempotency-Key";  ///< Kind::header
+  std::string json_pointer;                ///< Kind::json_pointer, RFC 6901
+  std::vector<std::string> headers;        ///< Kind::headers, joined length-prefixed
+};
+
+/// `routes[].idempotency` with SPEC §2 defaults.
+struct Idempotency {
+  IdempotencyMode mode = IdempotencyMode::off;
+  std::vector<std::string> methods = {"POST", "PATCH"};
+  Duration ttl = std::chrono::hours(24);
+  Duration lock_ttl = std::chrono::seconds(30);
+  std::vector<std::string> key_scope_headers;
+  std::vector<std::string> fingerprint_headers = {"Content-Type", "Content-Encoding"};
+  UpstreamKey upstream_key = UpstreamKey::passthrough;
+  std::string upstream_key_secret_file;
+  std::string upstream_key_secret;  ///< file contents, read by the loader (rewrite only)
+  KeySource key_source;
+  int on_mismatch = 422;  ///< 422 | 409 | 400
+  Concurrency concurrency = Concurrency::reject;
+  Duration wait_timeout = std::chrono::seconds(10);
+  core::StatusSet store_statuses = core::StatusSet::default_storable();
+  std::size_t max_stored_response = 8 * 1024 * 1024;  ///< bytes of body
+  UnknownOutcome on_unknown_outcome = UnknownOutcome::hold;
+  FingerprintBody fingerprint_body = FingerprintBody::bytes;
+  StoreErrorPolicy on_store_error = StoreErrorPolicy::fail_closed;
+};
+
+struct Match {
+  std::string path_prefix;           ///< empty: not used
+  std::string path;                  ///< exact path; empty: not used
+  std::string host;                  ///< empty: any; `*.example.com` matches subdomains
+  std::vector<std::string> methods;  ///< empty: any
+};
+
+struct Route {
+  std::string name;
+  Match match;
+  std::string upstream;  ///< a key of Config::upstreams (checked by the loader)
+  Idempotency idempotency;
+};
+
+struct Config {
+  std::string source_file;  ///< the file this was loaded from
+  Listen listen;
+  Listen admin{"127.0.0.1", 9090, {}, {}};
+  int threads = 0;  ///< 0 → hardware cores, resolved by the loader to ≥ 1
+  Limits limits;
+  Storage storage;
+  std::map<std::string, Upstream> upstreams;
+  std::vector<Route> routes;  ///< in file order
+};
+
+}  // namespace idemgate::config
