@@ -1,0 +1,68 @@
+#pragma once
+// The seam between the HTTP shell (sessions, upstream pool) and what decides about a request.
+// The session reads and validates a request, matches its route, strips hop-by-hop fields and
+// adds X-Forwarded-*/Via (SPEC C02), then hands it to the thread's RequestHandler. The
+// idempotency handler (gateway/idempotency_handler.hpp) wraps the plain forwarding one.
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/beast/http/message.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "gateway/config/config.hpp"
+
+namespace idemgate::http {
+
+using Request = boost::beast::http::request<boost::beast::http::string_body>;
+using Response = boost::beast::http::response<boost::beast::http::string_body>;
+
+/// What an upstream exchange ended with (SPEC C05, C08, C21, C22).
+struct ForwardResult {
+  enum class Kind {
+    response,         ///< a complete response was read; `response` holds it (end-to-end fields only)
+    not_reached,      ///< no byte of the request was written (connect refused/failed) → 502
+    unknown_outcome,  ///< request written, then reset/EOF/malformed response → 502
+    timed_out,        ///< request written, no complete response within request_timeout → 504
+  };
+  Kind kind = Kind::not_reached;
+  Response response;
+  std::string detail;  ///< one sentence for logs and problem details when kind != response
+  std::chrono::microseconds upstream_time{0};
+};
+
+/// The request as the handler sees it, with the route already chosen.
+struct Exchange {
+  Request request;  ///< hop-by-hop fields removed, X-Forwarded-*/Via added, body decoded
+  std::shared_ptr<const config::Config> config;  ///< the snapshot this request runs on
+  const config::Route* route = nullptr;          ///< points into *config
+  const config::Upstream* upstream = nullptr;    ///< points into *config
+};
+
+/// What the session writes back and logs (SPEC C32).
+struct HandlerResult {
+  Response response;          ///< the session adds Date/Via/framing; fields here are end-to-end
+  std::string outcome;        ///< SPEC C31 outcome label: passthrough, executed, replayed, …
+  std::string key_hash;       ///< hex of the record id, empty when no key was involved
+  std::chrono::microseconds upstream_time{0};
+};
+
+/// Forwards requests to upstream servers over pooled keep-alive connections. One per io thread.
+class Forwarder {
+ public:
+  virtual ~Forwarder() = default;
+  /// Sends `request` to one of `upstream`'s servers and reads the response within the
+  /// upstream's timeouts. Never throws for network errors; see ForwardResult::Kind.
+  virtual boost::asio::awaitable<ForwardResult> forward(const config::Upstream& upstream,
+                                                        Request request) = 0;
+};
+
+/// Decides what to answer for one routed request. One instance per io thread.
+class RequestHandler {
+ public:
+  virtual ~RequestHandler() = default;
+  virtual boost::asio::awaitable<HandlerResult> handle(Exchange exchange) = 0;
+};
+
+}  // namespace idemgate::http
