@@ -138,6 +138,8 @@ struct Config {
   Storage storage;
   std::map<std::string, Upstream> upstreams;
   std::vector<Route> routes;  ///< in file order
+  /// Non-fatal findings of the loader, each `FILE:LINE: key.path: message`, for the log.
+  std::vector<std::string> warnings;
 };
 
 }  // namespace idemgate::config
