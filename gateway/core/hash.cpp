@@ -10,7 +10,9 @@
 namespace idemgate::core {
 namespace {
 
-EVP_MD_CTX* md(void* p) { return static_cast<EVP_MD_CTX*>(p); }
+EVP_MD_CTX* md(void* p) {
+  return static_cast<EVP_MD_CTX*>(p);
+}
 
 constexpr char kHex[] = "0123456789abcdef";
 
@@ -33,7 +35,9 @@ Sha256Builder::Sha256Builder() : ctx_(EVP_MD_CTX_new()) {
   }
 }
 
-Sha256Builder::~Sha256Builder() { EVP_MD_CTX_free(md(ctx_)); }
+Sha256Builder::~Sha256Builder() {
+  EVP_MD_CTX_free(md(ctx_));
+}
 
 Sha256Builder& Sha256Builder::update(std::string_view bytes) {
   EVP_DigestUpdate(md(ctx_), bytes.data(), bytes.size());
@@ -58,7 +62,9 @@ Sha256 Sha256Builder::finish() {
   return out;
 }
 
-std::string to_hex(const Sha256& digest) { return hex_of(digest.data(), digest.size()); }
+std::string to_hex(const Sha256& digest) {
+  return hex_of(digest.data(), digest.size());
+}
 
 std::string hmac_sha256_hex(std::string_view key, std::string_view data) {
   unsigned char out[EVP_MAX_MD_SIZE];

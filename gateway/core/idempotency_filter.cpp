@@ -1,1 +1,223 @@
-// placeholder until implemented
+#include "gateway/core/idempotency_filter.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <memory>
+
+namespace idemgate::core {
+namespace asio = boost::asio;
+
+namespace {
+
+constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+
+struct Renewal {
+  explicit Renewal(asio::any_io_executor ex) : timer(std::move(ex)) {}
+  asio::steady_timer timer;
+  bool done = false;
+};
+
+asio::awaitable<void> sleep_for(std::chrono::milliseconds d) {
+  asio::steady_timer timer(co_await asio::this_coro::executor, d);
+  co_await timer.async_wait(use_nothrow);
+}
+
+}  // namespace
+
+const char* outcome_label(Outcome outcome) {
+  switch (outcome) {
+    case Outcome::executed:
+      return "executed";
+    case Outcome::replayed:
+      return "replayed";
+    case Outcome::mismatch:
+      return "mismatch";
+    case Outcome::in_flight:
+      return "in_flight";
+    case Outcome::store_unavailable:
+    case Outcome::unprotected:
+      return "store_unavailable";
+    case Outcome::upstream_error:
+      return "upstream_error";
+    case Outcome::not_stored:
+      return "not_stored";
+  }
+  return "executed";
+}
+
+IdempotencyFilter::IdempotencyFilter(RecordStore& store, LockService& lock, FilterEvents events)
+    : store_(store), lock_(lock), events_(std::move(events)) {}
+
+FilterResult IdempotencyFilter::from_record(const StoredRecord& record,
+                                            const KeyedRequest& request) const {
+  FilterResult result;
+  if (record.fingerprint != request.fingerprint) {
+    result.outcome = Outcome::mismatch;
+    result.detail =
+        "this idempotency key was already used with a different request (method, target, "
+        "headers or body); use a new key for a new request";
+    return result;
+  }
+  result.outcome = Outcome::replayed;
+  result.response = record.response;
+  return result;
+}
+
+asio::awaitable<FilterResult> IdempotencyFilter::on_store_error(const RoutePolicy& policy,
+                                                                const char* what,
+                                                                boost::system::error_code ec,
+                                                                const Forward& forward) {
+  if (events_.store_error) events_.store_error(what, ec);
+  FilterResult result;
+  if (!policy.fail_open) {
+    result.outcome = Outcome::store_unavailable;
+    result.detail = std::string("the idempotency store is unavailable (") + what + ": " +
+                    ec.message() + "); the request was not forwarded, retry later";
+    co_return result;
+  }
+  UpstreamReply reply = co_await forward();
+  result.outcome =
+      reply.kind == UpstreamReply::Kind::response ? Outcome::unprotected : Outcome::upstream_error;
+  result.upstream_kind = reply.kind;
+  result.response = std::move(reply.response);
+  result.detail = std::move(reply.detail);
+  co_return result;
+}
+
+asio::awaitable<FilterResult> IdempotencyFilter::run(RoutePolicy policy, KeyedRequest request,
+                                                     Forward forward) {
+  // A completed record answers without touching the lock: one round trip for replays.
+  auto found = co_await store_.find(request.id);
+  if (!found) co_return co_await on_store_error(policy, "record lookup", found.error(), forward);
+  if (*found) co_return from_record(**found, request);
+
+  const std::string token = random_token();
+  const auto deadline = std::chrono::steady_clock::now() + policy.wait_timeout;
+  auto backoff = std::chrono::milliseconds(5);
+  for (;;) {
+    auto acquired = co_await lock_.try_acquire(request.id, token, policy.lock_ttl);
+    if (!acquired) {
+      co_return co_await on_store_error(policy, "lock acquire", acquired.error(), forward);
+    }
+    if (*acquired) co_return co_await execute_locked(policy, request, token, forward);
+
+    if (events_.lock_contention) events_.lock_contention();
+    // The holder may have committed and released between our lookup and our acquire.
+    auto again = co_await store_.find(request.id);
+    if (!again) co_return co_await on_store_error(policy, "record lookup", again.error(), forward);
+    if (*again) co_return from_record(**again, request);
+
+    if (!policy.wait_for_in_flight || std::chrono::steady_clock::now() >= deadline) {
+      FilterResult result;
+      result.outcome = Outcome::in_flight;
+      result.detail =
+          "a request with this idempotency key is still being processed; retry after it "
+          "completes";
+      co_return result;
+    }
+    // concurrency: wait — poll until the first request's record appears or its lock is freed
+    // (then compete for it like a new request), bounded by wait_timeout (C18).
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    co_await sleep_for(std::min(backoff, std::max(left, std::chrono::milliseconds(1))));
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(100));
+  }
+}
+
+asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolicy& policy,
+                                                                const KeyedRequest& request,
+                                                                const std::string& token,
+                                                                const Forward& forward) {
+  // The previous owner commits its record before it releases: look again under the lock.
+  auto found = co_await store_.find(request.id);
+  if (!found || *found) {
+    co_await lock_.release(request.id, token);
+    if (!found) co_return co_await on_store_error(policy, "record lookup", found.error(), forward);
+    co_return from_record(**found, request);
+  }
+
+  auto renewal = std::make_shared<Renewal>(co_await asio::this_coro::executor);
+  asio::co_spawn(
+      renewal->timer.get_executor(),
+      [this, policy, id = request.id, token, renewal]() -> asio::awaitable<void> {
+        const auto every = std::max(policy.lock_ttl / 3, std::chrono::milliseconds(1));
+        while (!renewal->done) {
+          renewal->timer.expires_after(every);
+          co_await renewal->timer.async_wait(use_nothrow);
+          if (renewal->done) break;
+          auto renewed = co_await lock_.renew(id, token, policy.lock_ttl);
+          if (!renewed && events_.store_error) events_.store_error("lock renew", renewed.error());
+        }
+      },
+      [](std::exception_ptr e) {
+        if (e) std::rethrow_exception(e);
+      });
+
+  const auto started = std::chrono::steady_clock::now();
+  UpstreamReply reply = co_await forward();
+  const auto upstream_time = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::steady_clock::now() - started);
+  renewal->done = true;
+  renewal->timer.cancel();
+
+  FilterResult result;
+  result.upstream_time = upstream_time;
+  if (reply.kind != UpstreamReply::Kind::response) {
+    result.outcome = Outcome::upstream_error;
+    result.upstream_kind = reply.kind;
+    result.detail = std::move(reply.detail);
+    // Not reached: nothing executed, free the key. Unknown outcome: the upstream may have
+    // executed; hold the lock until lock_ttl so quick retries get 409 (C22).
+    if (reply.kind == UpstreamReply::Kind::not_reached || !policy.hold_on_unknown_outcome) {
+      co_await lock_.release(request.id, token);
+    }
+    co_return result;
+  }
+
+  if (!policy.store_statuses.contains(reply.response.status)) {
+    co_await lock_.release(request.id, token);
+    result.outcome = Outcome::not_stored;
+    result.response = std::move(reply.response);
+    co_return result;
+  }
+
+  StoredRecord record;
+  record.id = request.id;
+  record.route = request.route;
+  record.fingerprint = request.fingerprint;
+  record.response.status = reply.response.status;
+  record.response.headers = reply.response.headers;
+  if (reply.response.body.size() > policy.max_stored_response) {
+    record.response.body_omitted = true;
+  } else {
+    record.response.body = reply.response.body;
+  }
+  auto inserted = co_await store_.insert(std::move(record), policy.ttl);
+  result.response = std::move(reply.response);
+  if (!inserted) {
+    // C26: the upstream executed; the client gets its answer, the lock stays until lock_ttl so
+    // quick retries get 409 rather than a second execution.
+    result.outcome = Outcome::executed;
+    result.record_commit_failed = true;
+    if (events_.record_commit_failed) events_.record_commit_failed();
+    if (events_.store_error) events_.store_error("record commit", inserted.error());
+    co_return result;
+  }
+  co_await lock_.release(request.id, token);
+  if (!inserted->inserted && inserted->existing) {
+    // C36: the lock was lost and another execution committed first; its answer is the one.
+    if (events_.duplicate_execution) events_.duplicate_execution();
+    FilterResult replay = from_record(*inserted->existing, request);
+    replay.duplicate_execution = true;
+    replay.upstream_time = upstream_time;
+    co_return replay;
+  }
+  result.outcome = Outcome::executed;
+  co_return result;
+}
+
+}  // namespace idemgate::core

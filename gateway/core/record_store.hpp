@@ -12,8 +12,8 @@ namespace idemgate::core {
 
 /// Result of RecordStore::insert.
 struct InsertResult {
-  bool inserted = false;                ///< true: this call's record is now the stored one
-  std::optional<StoredRecord> existing; ///< set when !inserted: the live record that won (C36)
+  bool inserted = false;                 ///< true: this call's record is now the stored one
+  std::optional<StoredRecord> existing;  ///< set when !inserted: the live record that won (C36)
 };
 
 /// The durable store of completed responses (SPEC C15, C16, C24, C36). One instance per io

@@ -1,0 +1,118 @@
+#pragma once
+// The idempotency state machine (SPEC C15–C26, C36), network-free: it sequences the durable
+// store, the in-flight lock and the upstream call behind three seams, so it runs against
+// in-memory fakes in unit tests and against Postgres/Redis in production.
+
+#include <boost/asio/awaitable.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "gateway/core/lock_service.hpp"
+#include "gateway/core/record_store.hpp"
+#include "gateway/core/status_set.hpp"
+#include "gateway/core/stored_response.hpp"
+
+namespace idemgate::core {
+
+/// The per-route rules the filter applies (from `routes[].idempotency`, SPEC §2).
+struct RoutePolicy {
+  std::chrono::milliseconds ttl{std::chrono::hours(24)};         ///< record retention
+  std::chrono::milliseconds lock_ttl{std::chrono::seconds(30)};  ///< renewed every lock_ttl/3
+  bool wait_for_in_flight = false;  ///< concurrency: wait (C18) instead of reject
+  std::chrono::milliseconds wait_timeout{std::chrono::seconds(10)};
+  StatusSet store_statuses = StatusSet::default_storable();  ///< C21
+  std::size_t max_stored_response = 8 * 1024 * 1024;         ///< bytes of body (C29)
+  bool hold_on_unknown_outcome = true;                       ///< on_unknown_outcome: hold (C22)
+  bool fail_open = false;                                    ///< on_store_error: fail_open (C25)
+};
+
+/// What the upstream exchange ended with, as the filter needs it.
+struct UpstreamReply {
+  enum class Kind { response, not_reached, unknown_outcome, timed_out };
+  Kind kind = Kind::not_reached;
+  StoredResponse response;  ///< Kind::response: end-to-end fields and the whole body
+  std::string detail;
+};
+
+/// How the filter ended (the SPEC C31 outcome label is outcome_label()).
+enum class Outcome {
+  executed,           ///< forwarded once, record committed (or commit failed: C26)
+  replayed,           ///< stored response returned, upstream not called (C16, C36)
+  mismatch,           ///< same key, different fingerprint (C17)
+  in_flight,          ///< same key still executing (C18 reject, or wait timed out)
+  store_unavailable,  ///< a store failed; fail_closed → 503 (C25)
+  unprotected,        ///< a store failed; fail_open → forwarded without dedup (C25)
+  upstream_error,     ///< the upstream gave no response (C21 not reached, C22 unknown)
+  not_stored,         ///< the upstream answered with a status outside store_statuses (C21)
+};
+
+/// The SPEC C31 `outcome` label (unprotected counts as store_unavailable).
+const char* outcome_label(Outcome outcome);
+
+/// The filter's decision: what to send back.
+struct FilterResult {
+  Outcome outcome = Outcome::executed;
+  /// executed / not_stored / unprotected / replayed: the response to send (for a replay, the
+  /// stored one; body_omitted marks a C29 replay without body).
+  StoredResponse response;
+  UpstreamReply::Kind upstream_kind = UpstreamReply::Kind::response;  ///< upstream_error only
+  std::string detail;                 ///< problem details text for error outcomes
+  bool record_commit_failed = false;  ///< C26: executed but the record could not be stored
+  bool duplicate_execution = false;   ///< C36: executed, but another record had won
+  std::chrono::microseconds upstream_time{0};
+};
+
+/// Identity of a keyed request.
+struct KeyedRequest {
+  Sha256 id{};           ///< record_id(scope, key)
+  Sha256 fingerprint{};  ///< compute_fingerprint(...)
+  std::string route;     ///< route name, stored with the record
+};
+
+/// Counters the filter raises; observers for metrics and tests. All optional.
+struct FilterEvents {
+  std::function<void()> lock_contention;       ///< someone else held the lock (C18)
+  std::function<void()> duplicate_execution;   ///< insert found an existing record (C36)
+  std::function<void()> record_commit_failed;  ///< C26
+  std::function<void(const char* what, const boost::system::error_code&)> store_error;
+};
+
+/// Runs one keyed request through the contract. One instance per io thread (its store and lock
+/// are that thread's); not thread-safe.
+///
+/// Sequence: look the record up (replay or mismatch if found); take the lock with a fresh owner
+/// token (on contention: 409, or wait and poll for the record); look up again now that the lock
+/// is held (the previous owner commits before it releases); forward while renewing the lock every
+/// lock_ttl/3; commit the record with INSERT … ON CONFLICT before the response leaves; release by
+/// compare-and-delete. The upstream call and the commit are never cancelled by the caller's
+/// stop of waiting: the filter is meant to be co_spawned detached from the client (C34).
+class IdempotencyFilter {
+ public:
+  using Forward = std::function<boost::asio::awaitable<UpstreamReply>()>;
+
+  IdempotencyFilter(RecordStore& store, LockService& lock, FilterEvents events = {});
+
+  boost::asio::awaitable<FilterResult> run(RoutePolicy policy, KeyedRequest request,
+                                           Forward forward);
+
+ private:
+  boost::asio::awaitable<FilterResult> execute_locked(const RoutePolicy& policy,
+                                                      const KeyedRequest& request,
+                                                      const std::string& token,
+                                                      const Forward& forward);
+  boost::asio::awaitable<void> renew_until_done(RoutePolicy policy, Sha256 id, std::string token,
+                                                std::shared_ptr<bool> done);
+  boost::asio::awaitable<FilterResult> on_store_error(const RoutePolicy& policy, const char* what,
+                                                      boost::system::error_code ec,
+                                                      const Forward& forward);
+  FilterResult from_record(const StoredRecord& record, const KeyedRequest& request) const;
+
+  RecordStore& store_;
+  LockService& lock_;
+  FilterEvents events_;
+};
+
+}  // namespace idemgate::core

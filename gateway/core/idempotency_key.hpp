@@ -1,0 +1,48 @@
+#pragma once
+// Reading an idempotency key out of a request: the Idempotency-Key field (IETF
+// draft-ietf-httpapi-idempotency-key-header §2: an RFC 8941 sf-string), another header, several
+// headers joined (saga id + step), or a JSON Pointer into the body (SPEC C13, C28, C37).
+
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace idemgate::core {
+
+/// Longest key accepted, in characters after unquoting (SPEC C13).
+inline constexpr std::size_t kMaxKeyLength = 255;
+
+/// The outcome of reading a key: absent (no source present), valid, or invalid with a reason.
+struct KeyParse {
+  enum class Status { absent, valid, invalid };
+  Status status = Status::absent;
+  std::string key;     ///< the key after unquoting (valid only); compared byte-exactly (C28)
+  std::string detail;  ///< one sentence for the 400 problem details (invalid only)
+
+  static KeyParse absent() { return {}; }
+  static KeyParse valid(std::string key) { return {Status::valid, std::move(key), {}}; }
+  static KeyParse invalid(std::string detail) { return {Status::invalid, {}, std::move(detail)}; }
+};
+
+/// Parses every occurrence of a key header field (`values` in arrival order; `field_name` is used
+/// in the detail text only). No occurrence → absent. Accepted forms (SPEC C13): an sf-string
+/// `"abc"` with `\"` and `\\` escapes, or a bare token of visible ASCII without `"`, `,` or `;`;
+/// 1–255 characters after unquoting; surrounding spaces/tabs are ignored. Invalid: two fields, an
+/// empty value, too long, control or non-ASCII bytes, bad escapes, an unterminated string, or
+/// anything after the closing quote (parameters, a list). `"abc"` and `abc` are the same key (C28).
+KeyParse parse_key_field(std::string_view field_name, std::span<const std::string_view> values);
+
+/// A composite key from several headers (SPEC C37, e.g. saga id + step): each part parsed by
+/// parse_key_field, joined length-prefixed (`<len>:<part>` per part) so that "a|b"+"c" and
+/// "a"+"b|c" never collide. All parts absent → absent; some but not all present → invalid.
+KeyParse join_key_parts(std::span<const std::string> names, std::span<const KeyParse> parts);
+
+/// A key from a JSON body at RFC 6901 pointer `pointer` (SPEC C37). The value must be a string
+/// (1–255 characters, taken verbatim) or an integer; `42` and `"42"` are different keys (strings
+/// are prefixed `s:`, integers `i:`). A body that is not JSON or any other value type → invalid;
+/// the pointer absent from a JSON body → absent.
+KeyParse parse_json_pointer_key(std::string_view body, std::string_view pointer);
+
+}  // namespace idemgate::core

@@ -1,0 +1,357 @@
+#define BOOST_TEST_MODULE idempotency_filter
+#include "gateway/core/idempotency_filter.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/test/unit_test.hpp>
+
+#include "gateway/core/fingerprint.hpp"
+#include "tests/fakes/memory_lock.hpp"
+#include "tests/fakes/memory_record_store.hpp"
+
+namespace asio = boost::asio;
+using namespace idemgate::core;
+using idemgate::testing::MemoryLock;
+using idemgate::testing::MemoryRecordStore;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Fixture {
+  asio::io_context io;
+  MemoryRecordStore store;
+  MemoryLock lock;
+  int duplicates = 0;
+  int contention = 0;
+  int commit_failures = 0;
+  IdempotencyFilter filter{
+      store, lock,
+      FilterEvents{
+          [this] { ++contention; }, [this] { ++duplicates; }, [this] { ++commit_failures; }, {}}};
+  RoutePolicy policy;
+  int executions = 0;
+
+  KeyedRequest request(std::string_view key, std::string_view body = "{}") {
+    const Sha256 scope = compute_scope("payments", {});
+    return {record_id(scope, key),
+            compute_fingerprint("POST", "/payments", {}, body, BodyMode::bytes), "payments"};
+  }
+
+  IdempotencyFilter::Forward upstream(std::uint16_t status, std::string body = "{\"id\":1}") {
+    return [this, status, body]() -> asio::awaitable<UpstreamReply> {
+      ++executions;
+      UpstreamReply reply;
+      reply.kind = UpstreamReply::Kind::response;
+      reply.response.status = status;
+      reply.response.headers = {
+          {"Content-Type", "application/json"}, {"Set-Cookie", "a=1"}, {"Set-Cookie", "b=2"}};
+      reply.response.body = body;
+      co_return reply;
+    };
+  }
+
+  IdempotencyFilter::Forward failing(UpstreamReply::Kind kind) {
+    return [this, kind]() -> asio::awaitable<UpstreamReply> {
+      ++executions;
+      UpstreamReply reply;
+      reply.kind = kind;
+      reply.detail = "upstream failed";
+      co_return reply;
+    };
+  }
+
+  FilterResult run(KeyedRequest req, IdempotencyFilter::Forward forward) {
+    FilterResult out;
+    asio::co_spawn(io, filter.run(policy, std::move(req), std::move(forward)),
+                   [&out](std::exception_ptr e, FilterResult r) {
+                     if (e) std::rethrow_exception(e);
+                     out = std::move(r);
+                   });
+    io.restart();
+    io.run();
+    return out;
+  }
+};
+
+}  // namespace
+
+BOOST_FIXTURE_TEST_SUITE(idempotency_filter, Fixture)
+
+BOOST_AUTO_TEST_CASE(spec_C15_first_request_executes_once_and_commits_before_reply) {
+  const auto req = request("k1");
+  const FilterResult r = run(req, upstream(201));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::executed));
+  BOOST_TEST(executions == 1);
+  BOOST_TEST(r.response.status == 201);
+  BOOST_REQUIRE(store.get(req.id) != nullptr);
+  BOOST_TEST(store.get(req.id)->response.status == 201);
+  BOOST_TEST(lock.owner(req.id).empty());  // released after the commit
+}
+
+BOOST_AUTO_TEST_CASE(spec_C16_retry_replays_stored_response_without_upstream_call) {
+  const auto req = request("k1");
+  run(req, upstream(201, "first"));
+  const FilterResult r = run(req, upstream(201, "second"));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::replayed));
+  BOOST_TEST(executions == 1);
+  BOOST_TEST(r.response.body == "first");
+  BOOST_TEST(r.response.headers.size() == 3u);
+  BOOST_TEST(r.response.headers[2].second == "b=2");
+  BOOST_TEST(lock.acquire_calls == 1);  // a replay never touches the lock
+}
+
+BOOST_AUTO_TEST_CASE(spec_C17_same_key_different_request_is_a_mismatch_and_record_kept) {
+  run(request("k1", "{\"amount\":1}"), upstream(201, "first"));
+  const FilterResult r = run(request("k1", "{\"amount\":2}"), upstream(201, "second"));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::mismatch));
+  BOOST_TEST(executions == 1);
+  const FilterResult again = run(request("k1", "{\"amount\":1}"), upstream(201));
+  BOOST_TEST(static_cast<int>(again.outcome) == static_cast<int>(Outcome::replayed));
+  BOOST_TEST(again.response.body == "first");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C18_in_flight_duplicate_is_rejected_without_upstream_call) {
+  const auto req = request("k1");
+  BOOST_REQUIRE(lock.take(req.id, "someone-else", 30s));
+  const FilterResult r = run(req, upstream(201));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::in_flight));
+  BOOST_TEST(executions == 0);
+  BOOST_TEST(contention == 1);
+  BOOST_TEST(lock.owner(req.id) == "someone-else");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C18_wait_mode_replays_when_the_first_commits) {
+  policy.wait_for_in_flight = true;
+  policy.wait_timeout = 10s;
+  const auto req = request("k1");
+  BOOST_REQUIRE(lock.take(req.id, "first", 30s));
+  // The first request commits after the waiter has polled a few times.
+  int finds_before_commit = 4;
+  store.before_find = [&] {
+    if (--finds_before_commit == 0) {
+      StoredRecord rec;
+      rec.id = req.id;
+      rec.fingerprint = req.fingerprint;
+      rec.response.status = 201;
+      rec.response.body = "first";
+      store.put(rec, 1h);
+    }
+  };
+  const FilterResult r = run(req, upstream(201, "second"));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::replayed));
+  BOOST_TEST(r.response.body == "first");
+  BOOST_TEST(executions == 0);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C18_wait_mode_competes_for_the_lock_when_the_first_ends_unstored) {
+  policy.wait_for_in_flight = true;
+  const auto req = request("k1");
+  BOOST_REQUIRE(lock.take(req.id, "first", 30s));
+  lock.before_acquire = [&] {
+    if (lock.acquire_calls == 3) lock.drop(req.id);  // the first ended unstored and released
+  };
+  const FilterResult r = run(req, upstream(201));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::executed));
+  BOOST_TEST(executions == 1);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C18_wait_mode_gives_409_when_wait_timeout_runs_out) {
+  policy.wait_for_in_flight = true;
+  policy.wait_timeout = 30ms;
+  const auto req = request("k1");
+  BOOST_REQUIRE(lock.take(req.id, "first", 1h));
+  const FilterResult r = run(req, upstream(201));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::in_flight));
+  BOOST_TEST(executions == 0);
+  BOOST_TEST(lock.acquire_calls >= 2);
+}
+
+BOOST_AUTO_TEST_CASE(record_committed_between_lookup_and_acquire_is_replayed_not_reexecuted) {
+  // Check-then-act race: the first request commits and releases right after our lookup.
+  const auto req = request("k1");
+  lock.before_acquire = [&] {
+    StoredRecord rec;
+    rec.id = req.id;
+    rec.fingerprint = req.fingerprint;
+    rec.response.status = 201;
+    rec.response.body = "first";
+    store.put(rec, 1h);
+  };
+  const FilterResult r = run(req, upstream(201, "second"));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::replayed));
+  BOOST_TEST(r.response.body == "first");
+  BOOST_TEST(executions == 0);
+  BOOST_TEST(lock.owner(req.id).empty());
+}
+
+BOOST_AUTO_TEST_CASE(spec_C21_status_outside_store_statuses_stores_nothing_and_frees_key) {
+  const auto req = request("k1");
+  for (std::uint16_t status : {500, 503, 429, 401, 403, 408}) {
+    const FilterResult r = run(req, upstream(status));
+    BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::not_stored));
+    BOOST_TEST(r.response.status == status);
+  }
+  BOOST_TEST(executions == 6);
+  BOOST_TEST(store.size() == 0u);
+  BOOST_TEST(lock.owner(req.id).empty());
+}
+
+BOOST_AUTO_TEST_CASE(spec_C21_upstream_not_reached_releases_the_lock) {
+  const auto req = request("k1");
+  const FilterResult r = run(req, failing(UpstreamReply::Kind::not_reached));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::upstream_error));
+  BOOST_TEST(static_cast<int>(r.upstream_kind) ==
+             static_cast<int>(UpstreamReply::Kind::not_reached));
+  BOOST_TEST(lock.owner(req.id).empty());
+  BOOST_TEST(store.size() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C22_unknown_outcome_holds_the_lock_by_default) {
+  const auto req = request("k1");
+  const FilterResult r = run(req, failing(UpstreamReply::Kind::timed_out));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::upstream_error));
+  BOOST_TEST(!lock.owner(req.id).empty());
+  const FilterResult retry = run(req, upstream(201));
+  BOOST_TEST(static_cast<int>(retry.outcome) == static_cast<int>(Outcome::in_flight));
+  BOOST_TEST(executions == 1);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C22_unknown_outcome_release_frees_the_lock_at_once) {
+  policy.hold_on_unknown_outcome = false;
+  const auto req = request("k1");
+  run(req, failing(UpstreamReply::Kind::unknown_outcome));
+  BOOST_TEST(lock.owner(req.id).empty());
+  const FilterResult retry = run(req, upstream(201));
+  BOOST_TEST(static_cast<int>(retry.outcome) == static_cast<int>(Outcome::executed));
+}
+
+BOOST_AUTO_TEST_CASE(spec_C23_lock_is_renewed_by_its_owner_while_the_upstream_runs) {
+  policy.lock_ttl = 30ms;
+  const auto req = request("k1");
+  std::string owner_during_call;
+  IdempotencyFilter::Forward slow = [&]() -> asio::awaitable<UpstreamReply> {
+    ++executions;
+    // Wait until the filter has renewed three times (event-driven, not a fixed sleep).
+    asio::steady_timer t(co_await asio::this_coro::executor);
+    while (lock.renew_calls < 3) {
+      t.expires_after(1ms);
+      co_await t.async_wait(asio::use_awaitable);
+    }
+    owner_during_call = lock.owner(req.id);
+    UpstreamReply reply;
+    reply.kind = UpstreamReply::Kind::response;
+    reply.response.status = 201;
+    co_return reply;
+  };
+  lock.now = [] { return MemoryLock::Clock::time_point{}; };  // no expiry: only renewals count
+  const FilterResult r = run(req, slow);
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::executed));
+  BOOST_TEST(lock.renew_calls >= 3);
+  BOOST_TEST(!owner_during_call.empty());
+  BOOST_TEST(owner_during_call != "someone-else");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C23_release_is_owner_only) {
+  const auto req = request("k1");
+  BOOST_REQUIRE(lock.take(req.id, "holder", 1h));
+  // A second gateway whose lock expired must not free the current holder's lock.
+  run(req, upstream(201));
+  BOOST_TEST(lock.owner(req.id) == "holder");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C24_expired_records_are_treated_as_absent) {
+  const auto req = request("k1");
+  auto t = std::chrono::system_clock::now();
+  store.now = [&t] { return t; };
+  policy.ttl = 1h;
+  run(req, upstream(201, "first"));
+  t += 2h;
+  const FilterResult r = run(req, upstream(201, "second"));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::executed));
+  BOOST_TEST(r.response.body == "second");
+  BOOST_TEST(executions == 2);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C25_store_error_fails_closed_without_calling_upstream) {
+  store.fail_find_at = 1;
+  const FilterResult r = run(request("k1"), upstream(201));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::store_unavailable));
+  BOOST_TEST(executions == 0);
+  lock.fail_acquire_at = 1;
+  const FilterResult r2 = run(request("k2"), upstream(201));
+  BOOST_TEST(static_cast<int>(r2.outcome) == static_cast<int>(Outcome::store_unavailable));
+  BOOST_TEST(executions == 0);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C25_store_error_fail_open_forwards_unprotected) {
+  policy.fail_open = true;
+  lock.fail_acquire_at = 1;
+  const FilterResult r = run(request("k1"), upstream(201));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::unprotected));
+  BOOST_TEST(r.response.status == 201);
+  BOOST_TEST(executions == 1);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C26_commit_failure_returns_the_response_and_keeps_the_lock) {
+  store.fail_insert_at = 1;
+  const auto req = request("k1");
+  const FilterResult r = run(req, upstream(201, "paid"));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::executed));
+  BOOST_TEST(r.record_commit_failed);
+  BOOST_TEST(r.response.body == "paid");
+  BOOST_TEST(commit_failures == 1);
+  BOOST_TEST(!lock.owner(req.id).empty());
+  const FilterResult retry = run(req, upstream(201));
+  BOOST_TEST(static_cast<int>(retry.outcome) == static_cast<int>(Outcome::in_flight));
+  BOOST_TEST(executions == 1);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C29_large_body_is_stored_without_body_and_never_reexecuted) {
+  policy.max_stored_response = 8;
+  const auto req = request("k1");
+  const FilterResult first = run(req, upstream(200, "0123456789"));
+  BOOST_TEST(first.response.body == "0123456789");
+  const FilterResult r = run(req, upstream(200));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::replayed));
+  BOOST_TEST(r.response.body_omitted);
+  BOOST_TEST(r.response.body.empty());
+  BOOST_TEST(r.response.status == 200);
+  BOOST_TEST(executions == 1);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C36_existing_record_wins_over_a_duplicate_execution) {
+  const auto req = request("k1");
+  store.before_insert = [&] {
+    // The lock was lost (e.g. Redis failover) and another gateway committed first.
+    StoredRecord rec;
+    rec.id = req.id;
+    rec.fingerprint = req.fingerprint;
+    rec.response.status = 201;
+    rec.response.body = "winner";
+    store.put(rec, 1h);
+  };
+  const FilterResult r = run(req, upstream(201, "loser"));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::replayed));
+  BOOST_TEST(r.duplicate_execution);
+  BOOST_TEST(r.response.body == "winner");
+  BOOST_TEST(duplicates == 1);
+  BOOST_TEST(store.get(req.id)->response.body == "winner");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C20_different_scopes_never_share_records) {
+  const Sha256 alice =
+      compute_scope("payments", std::vector<HeaderValues>{{"Authorization", {"a"}}});
+  const Sha256 bob = compute_scope("payments", std::vector<HeaderValues>{{"Authorization", {"b"}}});
+  KeyedRequest ra = request("k");
+  KeyedRequest rb = request("k");
+  ra.id = record_id(alice, "k");
+  rb.id = record_id(bob, "k");
+  run(ra, upstream(201, "alice"));
+  const FilterResult r = run(rb, upstream(201, "bob"));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::executed));
+  BOOST_TEST(r.response.body == "bob");
+  BOOST_TEST(executions == 2);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
