@@ -1,1 +1,111 @@
-// placeholder until implemented
+#include "storage/redis/redis_lock.hpp"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+namespace idemgate::storage::redis {
+namespace {
+
+namespace asio = boost::asio;
+using core::store_errc;
+
+constexpr char kKeyPrefix[] = "idemgate:lock:";
+
+constexpr char kRenewScript[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then\n"
+    "  return redis.call('PEXPIRE', KEYS[1], ARGV[2])\n"
+    "end\n"
+    "return 0\n";
+
+constexpr char kReleaseScript[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then\n"
+    "  return redis.call('DEL', KEYS[1])\n"
+    "end\n"
+    "return 0\n";
+
+std::string sha1_hex(std::string_view text) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  if (EVP_Digest(text.data(), text.size(), digest, &size, EVP_sha1(), nullptr) != 1) {
+    throw std::runtime_error("EVP_Digest(SHA-1) failed");
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * size);
+  for (unsigned int i = 0; i < size; ++i) {
+    out.push_back(kHex[digest[i] >> 4]);
+    out.push_back(kHex[digest[i] & 0xf]);
+  }
+  return out;
+}
+
+std::string millis(std::chrono::milliseconds ttl) {
+  // PX and PEXPIRE refuse 0 and negative values; a lock shorter than 1 ms is a caller bug.
+  return std::to_string(std::max<std::chrono::milliseconds::rep>(ttl.count(), 1));
+}
+
+// result<bool> cannot be built from an error_code implicitly (error_code converts to bool).
+boost::system::result<bool> failure(boost::system::error_code ec) {
+  return {boost::system::in_place_error, ec};
+}
+
+bool is_noscript(const Reply& r) {
+  return r.is_error() && r.str.starts_with("NOSCRIPT");
+}
+
+}  // namespace
+
+RedisLock::RedisLock(RedisConnection& connection)
+    : connection_(connection),
+      renew_{kRenewScript, sha1_hex(kRenewScript)},
+      release_{kReleaseScript, sha1_hex(kReleaseScript)} {}
+
+std::string RedisLock::key_of(const core::Sha256& id) {
+  return kKeyPrefix + core::to_hex(id);
+}
+
+asio::awaitable<boost::system::result<bool>> RedisLock::try_acquire(core::Sha256 id,
+                                                                    std::string token,
+                                                                    std::chrono::milliseconds ttl) {
+  auto reply =
+      co_await connection_.command("SET", key_of(id), std::move(token), "NX", "PX", millis(ttl));
+  if (!reply) co_return failure(reply.error());
+  if (reply->is_status("OK")) co_return true;
+  if (reply->is_nil()) co_return false;  // NX: somebody holds it
+  co_return failure(store_errc::protocol);
+}
+
+asio::awaitable<boost::system::result<bool>> RedisLock::renew(core::Sha256 id, std::string token,
+                                                              std::chrono::milliseconds ttl) {
+  std::vector<std::string> args{std::move(token), millis(ttl)};
+  co_return co_await run(&renew_, key_of(id), std::move(args));
+}
+
+asio::awaitable<boost::system::result<bool>> RedisLock::release(core::Sha256 id,
+                                                                std::string token) {
+  std::vector<std::string> args{std::move(token)};
+  co_return co_await run(&release_, key_of(id), std::move(args));
+}
+
+asio::awaitable<boost::system::result<bool>> RedisLock::run(const Script* script, std::string key,
+                                                            std::vector<std::string> args) {
+  std::vector<std::string> argv{"EVALSHA", script->sha1, "1", std::move(key)};
+  argv.insert(argv.end(), std::make_move_iterator(args.begin()),
+              std::make_move_iterator(args.end()));
+  auto reply = co_await connection_.execute(argv);
+  if (reply && is_noscript(*reply)) {
+    // The script cache is empty (Redis restarted or SCRIPT FLUSH): EVAL loads it again.
+    argv[0] = "EVAL";
+    argv[1] = script->source;
+    reply = co_await connection_.execute(std::move(argv));
+  }
+  if (!reply) co_return failure(reply.error());
+  if (reply->kind != Reply::Kind::integer) co_return failure(store_errc::protocol);
+  co_return reply->integer == 1;
+}
+
+}  // namespace idemgate::storage::redis

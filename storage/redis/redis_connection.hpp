@@ -1,0 +1,99 @@
+#pragma once
+// One hiredis 0.14 async context driven by an Asio io_context. hiredis ships no Asio adapter and
+// no timers, so this file supplies both: the `ev` hooks wait for readiness on a
+// posix::stream_descriptor, and every command carries a deadline kept by a steady_timer.
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/system/result.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "gateway/config/config.hpp"
+#include "gateway/core/errors.hpp"
+
+namespace idemgate::storage::redis {
+
+/// An owned copy of a `redisReply` (hiredis frees its own after the reply callback returns).
+struct Reply {
+  enum class Kind { string, array, integer, nil, status, error };
+
+  Kind kind = Kind::nil;
+  std::string str;              ///< string, status and error replies (binary-safe)
+  long long integer = 0;        ///< integer replies
+  std::vector<Reply> elements;  ///< array replies
+
+  bool is_nil() const noexcept { return kind == Kind::nil; }
+  bool is_error() const noexcept { return kind == Kind::error; }
+  /// A status reply with exactly this text (`OK`, `PONG`, ...).
+  bool is_status(std::string_view text) const noexcept {
+    return kind == Kind::status && str == text;
+  }
+};
+
+/// A Redis connection for one io thread: a single hiredis async context, opened lazily by the
+/// first command and re-opened by the first command after it was lost, so a Redis restart needs
+/// no gateway restart (SPEC C25).
+///
+/// Connecting: `address` is used as is when it is an IP literal, otherwise it is resolved with
+/// Asio first (hiredis would resolve blocking). After the TCP connect, `AUTH password` (when a
+/// password is set) and `SELECT db` (when db != 0) are the first commands on the connection.
+///
+/// Deadlines: every command ends within `operation_timeout` of being issued, connecting
+/// included. A command that misses its deadline returns `store_errc::timed_out` and the
+/// connection is torn down (replies are FIFO, so a late reply would be taken for the next
+/// command's); the commands still in flight on it end with `timed_out` too.
+///
+/// Errors: `store_errc::unavailable` (cannot connect, connection lost; a command may or may not
+/// have run), `timed_out`, `protocol` (AUTH or SELECT refused). A Redis error reply (`-ERR ...`)
+/// is not an error here: it is returned as a `Reply` of kind `error` for the caller to judge.
+///
+/// Pipelining: any number of commands may be in flight at once (from several coroutines); their
+/// replies are matched in order.
+///
+/// Thread safety: none. Use from the thread running the executor's io_context; the connection
+/// must be destroyed before that io_context. Commands still in flight when it is destroyed end
+/// with `unavailable`.
+///
+/// hiredis writes with write(2), so the process must ignore SIGPIPE.
+class RedisConnection {
+ public:
+  RedisConnection(boost::asio::any_io_executor executor, config::Redis options);
+  ~RedisConnection();
+  RedisConnection(const RedisConnection&) = delete;
+  RedisConnection& operator=(const RedisConnection&) = delete;
+
+  /// Sends one command, given as its binary-safe arguments (`{"SET", key, value}`), and waits
+  /// for its reply. Errors as in the class comment.
+  boost::asio::awaitable<boost::system::result<Reply>> execute(std::vector<std::string> argv);
+
+  /// `execute` with the arguments spelled out: `command("PEXPIRE", key, "100")`.
+  template <class... Args>
+  requires(std::is_constructible_v<std::string, Args&&>&&...)
+      boost::asio::awaitable<boost::system::result<Reply>> command(Args&&... args) {
+    std::vector<std::string> argv;
+    argv.reserve(sizeof...(Args));
+    (argv.emplace_back(std::forward<Args>(args)), ...);
+    return execute(std::move(argv));
+  }
+
+  /// Number of connections opened so far (the first one included); for metrics and tests.
+  std::uint64_t connect_count() const noexcept { return connect_count_; }
+
+  class Session;  // one hiredis context; implementation detail
+
+ private:
+  std::shared_ptr<Session> session();
+
+  boost::asio::any_io_executor executor_;
+  config::Redis options_;
+  std::shared_ptr<Session> session_;
+  std::uint64_t connect_count_ = 0;
+};
+
+}  // namespace idemgate::storage::redis

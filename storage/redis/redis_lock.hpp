@@ -1,0 +1,59 @@
+#pragma once
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/system/result.hpp>
+#include <chrono>
+#include <string>
+
+#include "gateway/core/lock_service.hpp"
+#include "storage/redis/redis_connection.hpp"
+
+namespace idemgate::storage::redis {
+
+/// The in-flight lock on Redis (SPEC C18, C23, C25): key `idemgate:lock:<hex of id>` holding the
+/// owner token.
+///
+/// - `try_acquire`: `SET key token NX PX ttl`.
+/// - `renew`: a Lua compare-and-`PEXPIRE` (only the owner extends).
+/// - `release`: a Lua compare-and-`DEL` (only the owner deletes).
+///
+/// The scripts are sent with `EVALSHA` and fall back to `EVAL` when the server answers
+/// `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+///
+/// `ttl` is in milliseconds and must be positive. Errors as in core::LockService:
+/// `unavailable`, `timed_out` (the connection is re-opened by the next call), `protocol` (an
+/// error or unexpected reply from Redis). After `timed_out` or `unavailable` the outcome is
+/// unknown: a `SET` may have taken the lock, which then expires after `ttl`.
+///
+/// Thread safety: none; one per io thread, on that thread's RedisConnection, which must outlive
+/// it.
+class RedisLock final : public core::LockService {
+ public:
+  explicit RedisLock(RedisConnection& connection);
+
+  boost::asio::awaitable<boost::system::result<bool>> try_acquire(
+      core::Sha256 id, std::string token, std::chrono::milliseconds ttl) override;
+  boost::asio::awaitable<boost::system::result<bool>> renew(core::Sha256 id, std::string token,
+                                                            std::chrono::milliseconds ttl) override;
+  boost::asio::awaitable<boost::system::result<bool>> release(core::Sha256 id,
+                                                              std::string token) override;
+
+  /// The Redis key of the lock for `id`.
+  static std::string key_of(const core::Sha256& id);
+
+ private:
+  struct Script {
+    std::string source;
+    std::string sha1;  ///< lower-case hex, as EVALSHA expects
+  };
+
+  /// Runs `script` with one key and `args`; the reply must be an integer (0 or 1).
+  boost::asio::awaitable<boost::system::result<bool>> run(const Script* script, std::string key,
+                                                          std::vector<std::string> args);
+
+  RedisConnection& connection_;
+  Script renew_;
+  Script release_;
+};
+
+}  // namespace idemgate::storage::redis
