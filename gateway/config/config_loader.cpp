@@ -566,7 +566,7 @@ void Loader::upstreams(const Field& f) {
 
 Server Loader::server(const Field& f) const {
   const std::string s = non_empty(f);
-  const char* form = "expected \"host:port\" (IPv6 as \"[::1]:9001\"), ";
+  const char* form = "expected \"host:port\" (IPv6 as \"[::1]:9001\"), got ";
   std::string host;
   std::string port_text;
   if (s.front() == '[') {
