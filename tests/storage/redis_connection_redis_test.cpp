@@ -1,0 +1,161 @@
+#define BOOST_TEST_MODULE redis_connection_redis_test
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "storage/redis/redis_connection.hpp"
+#include "tests/storage/redis_test_support.hpp"
+
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+using idemgate::core::store_errc;
+using idemgate::storage::redis::RedisConnection;
+using idemgate::storage::redis::Reply;
+using idemgate::test::reply_of;
+
+using idemgate::test::IgnoreSigpipe;
+BOOST_TEST_GLOBAL_FIXTURE(IgnoreSigpipe);
+
+namespace {
+
+std::string random_key() {
+  static std::mt19937_64 engine{std::random_device{}()};
+  return "idemgate:test:" + std::to_string(engine());
+}
+
+struct ConnectionFixture {
+  asio::io_context io;
+  idemgate::config::Redis options = idemgate::test::redis_options_from_env();
+
+  void run(asio::awaitable<void> body) { idemgate::test::run_one(io, std::move(body)); }
+};
+
+}  // namespace
+
+BOOST_FIXTURE_TEST_SUITE(redis_connection, ConnectionFixture)
+
+BOOST_AUTO_TEST_CASE(arguments_and_string_replies_are_binary_safe) {
+  RedisConnection connection{io.get_executor(), options};
+  run([](RedisConnection* c) -> asio::awaitable<void> {
+    const auto key = random_key();
+    const std::string value("a\0b\r\nc\xff", 7);
+    const auto set = co_await reply_of(c->command("SET", key, value, "PX", "60000"));
+    BOOST_CHECK(set.is_status("OK"));
+    const auto got = co_await reply_of(c->command("GET", key));
+    BOOST_CHECK(got.kind == Reply::Kind::string);
+    BOOST_CHECK_EQUAL(got.str.size(), value.size());
+    BOOST_CHECK(got.str == value);
+  }(&connection));
+}
+
+BOOST_AUTO_TEST_CASE(every_reply_kind_is_copied) {
+  RedisConnection connection{io.get_executor(), options};
+  run([](RedisConnection* c) -> asio::awaitable<void> {
+    const auto key = random_key();
+    const auto missing = co_await reply_of(c->command("GET", key));
+    BOOST_CHECK(missing.is_nil());
+
+    const auto pushed = co_await reply_of(c->command("RPUSH", key, "x", "", "zz"));
+    BOOST_CHECK(pushed.kind == Reply::Kind::integer);
+    BOOST_CHECK_EQUAL(pushed.integer, 3);
+
+    const auto range = co_await reply_of(c->command("LRANGE", key, "0", "-1"));
+    BOOST_REQUIRE(range.kind == Reply::Kind::array);
+    BOOST_REQUIRE_EQUAL(range.elements.size(), 3u);
+    BOOST_CHECK_EQUAL(range.elements[0].str, "x");
+    BOOST_CHECK_EQUAL(range.elements[1].str, "");
+    BOOST_CHECK_EQUAL(range.elements[2].str, "zz");
+
+    // A Redis error reply is an answer, not a store error.
+    const auto wrong = co_await reply_of(c->command("INCR", key));
+    BOOST_CHECK(wrong.is_error());
+    BOOST_CHECK(wrong.str.starts_with("WRONGTYPE"));
+
+    const auto deleted = co_await reply_of(c->command("DEL", key));
+    BOOST_CHECK_EQUAL(deleted.integer, 1);
+  }(&connection));
+}
+
+BOOST_AUTO_TEST_CASE(select_puts_the_connection_on_the_configured_db) {
+  auto db1 = options;
+  db1.db = 1;
+  RedisConnection on_db0{io.get_executor(), options};
+  RedisConnection on_db1{io.get_executor(), db1};
+  run([](RedisConnection* c0, RedisConnection* c1) -> asio::awaitable<void> {
+    const auto key = random_key();
+    const auto set = co_await reply_of(c1->command("SET", key, "on-db-1", "PX", "60000"));
+    BOOST_REQUIRE(set.is_status("OK"));
+    const auto from_db1 = co_await reply_of(c1->command("GET", key));
+    BOOST_CHECK_EQUAL(from_db1.str, "on-db-1");
+    const auto from_db0 = co_await reply_of(c0->command("GET", key));
+    BOOST_CHECK(from_db0.is_nil());
+  }(&on_db0, &on_db1));
+}
+
+// AUTH is the first command on a connection; a refusal fails the commands behind it as a
+// protocol error instead of letting them run unauthenticated.
+BOOST_AUTO_TEST_CASE(refused_auth_fails_commands_with_protocol_error) {
+  auto with_password = options;
+  with_password.password = "not-the-password";
+  RedisConnection connection{io.get_executor(), with_password};
+  run([](RedisConnection* c) -> asio::awaitable<void> {
+    const auto r = co_await c->command("PING");
+    BOOST_REQUIRE(!r.has_value());
+    BOOST_CHECK(r.error() == store_errc::protocol);
+  }(&connection));
+}
+
+// redisAsyncConnect would resolve a name on the io thread; names go through Asio first.
+BOOST_AUTO_TEST_CASE(a_host_name_is_resolved_before_connecting) {
+  auto by_name = options;
+  BOOST_REQUIRE_EQUAL(by_name.address, "127.0.0.1");
+  by_name.address = "localhost";
+  RedisConnection connection{io.get_executor(), by_name};
+  std::vector<std::optional<boost::system::result<Reply>>> replies(3);
+  std::vector<asio::awaitable<void>> bodies;
+  // Commands issued while the name resolves wait for the connection, in order.
+  for (auto& slot : replies) {
+    bodies.push_back([](RedisConnection* c,
+                        std::optional<boost::system::result<Reply>>* out) -> asio::awaitable<void> {
+      *out = co_await c->command("PING");
+    }(&connection, &slot));
+  }
+  idemgate::test::run_all(io, std::move(bodies));
+  for (const auto& r : replies) {
+    BOOST_REQUIRE(r.has_value());
+    BOOST_REQUIRE_MESSAGE(r->has_value(), r->error().message());
+    BOOST_CHECK((*r)->is_status("PONG"));
+  }
+  BOOST_CHECK_EQUAL(connection.connect_count(), 1u);
+}
+
+// Commands still waiting when the connection object goes away end (unavailable) instead of
+// being left suspended.
+BOOST_AUTO_TEST_CASE(commands_in_flight_end_when_the_connection_is_destroyed) {
+  auto connection = std::make_unique<RedisConnection>(io.get_executor(), options);
+  RedisConnection side{io.get_executor(), options};
+  std::optional<boost::system::result<Reply>> blocked;
+  std::vector<asio::awaitable<void>> bodies;
+  const auto key = random_key();
+  // BLPOP on an empty list waits in the server; destroying the connection must end it.
+  bodies.push_back([](RedisConnection* c, std::string k,
+                      std::optional<boost::system::result<Reply>>* out) -> asio::awaitable<void> {
+    *out = co_await c->command("BLPOP", k, "0");
+  }(connection.get(), key, &blocked));
+  bodies.push_back(
+      [](std::unique_ptr<RedisConnection>* c, RedisConnection* other) -> asio::awaitable<void> {
+        // A round trip on another connection lets the loop send BLPOP first.
+        const auto pong = co_await reply_of(other->command("PING"));
+        BOOST_CHECK(pong.is_status("PONG"));
+        c->reset();
+      }(&connection, &side));
+  idemgate::test::run_all(io, std::move(bodies));
+  BOOST_REQUIRE(blocked.has_value());
+  BOOST_REQUIRE(!blocked->has_value());
+  BOOST_CHECK(blocked->error() == store_errc::unavailable);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
