@@ -245,9 +245,10 @@ Map::Map(const Loader& loader, const Field& self, std::initializer_list<std::str
       loader.fail(key_line, path,
                   "unknown key (expected one of: " + list_text(allowed, ", ") + ")");
     }
-    // An empty value's mark points at the next token; report it on its key's line.
+    // A scalar is reported where it stands. A mapping or list is reported on its key's line, where
+    // a reader looks for it; an empty value's mark would point at the next token anyway.
     const YAML::Node& value = it->second;
-    const int line = value.IsNull() || value.Mark().is_null() ? key_line : value.Mark().line + 1;
+    const int line = value.IsScalar() && !value.Mark().is_null() ? value.Mark().line + 1 : key_line;
     entries_.emplace_back(name, Field{value, path, line});
   }
 }
@@ -672,15 +673,15 @@ void Loader::idempotency(const Field& f, Route& route) {
                                              {"optional", IdempotencyMode::optional},
                                              {"required", IdempotencyMode::required}});
   }
-  if (auto v = m.get("methods")) {
-    idem.methods = tokens(*v, "method", false);
-    if (!route.match.methods.empty() && idem.mode != IdempotencyMode::off &&
-        std::none_of(idem.methods.begin(), idem.methods.end(), [&](const std::string& x) {
-          return std::find(route.match.methods.begin(), route.match.methods.end(), x) !=
-                 route.match.methods.end();
-        })) {
-      warn(*v, "none of these methods is in match.methods: the contract never applies");
-    }
+  const auto methods = m.get("methods");
+  if (methods) idem.methods = tokens(*methods, "method", false);
+  if (!route.match.methods.empty() && idem.mode != IdempotencyMode::off &&
+      std::none_of(idem.methods.begin(), idem.methods.end(), [&](const std::string& x) {
+        return std::find(route.match.methods.begin(), route.match.methods.end(), x) !=
+               route.match.methods.end();
+      })) {
+    warn(methods ? *methods : f,
+         "none of the idempotency methods is in match.methods: the contract never applies");
   }
   if (auto v = m.get("ttl")) {
     idem.ttl = duration(*v, 1s, 8760h);

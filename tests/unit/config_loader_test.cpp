@@ -65,10 +65,8 @@ std::string error_of(const std::string& text) {
   return "loaded";
 }
 
-const cfg::Idempotency& idem_of(const std::string& text) {
-  static std::shared_ptr<const cfg::Config> keep;
-  keep = load(text);
-  return keep->routes.at(0).idempotency;
+cfg::Idempotency idem_of(const std::string& text) {
+  return load(text)->routes.at(0).idempotency;
 }
 
 bool has_warning(const cfg::Config& c, const std::string& text) {
@@ -534,6 +532,16 @@ BOOST_AUTO_TEST_CASE(short_hmac_secret_and_non_default_key_source_rewrite_warn) 
   BOOST_TEST(has_warning(*c, name + ":12: routes[0].idempotency.upstream_key: has no effect: "
                                     "upstream_key applies to the Idempotency-Key source only (SPEC "
                                     "C37)"));
+}
+
+BOOST_AUTO_TEST_CASE(idempotency_methods_outside_match_methods_warn) {
+  const auto c = load(replace(kBase, "{ path_prefix: / }", "{ path_prefix: /, methods: [GET] }"));
+  BOOST_TEST(has_warning(*c,
+                         "t.yaml:10: routes[0].idempotency: none of the idempotency methods "
+                         "is in match.methods: the contract never applies"));
+  const auto d = load(replace(kBase, "{ path_prefix: / }", "{ path_prefix: /, methods: [PUT] }") +
+                      "      methods: [PUT]\n");
+  BOOST_TEST(d->warnings.empty());
 }
 
 BOOST_AUTO_TEST_CASE(ttl_is_at_least_1s_and_outside_24h_to_72h_warns) {
