@@ -21,8 +21,8 @@ using Response = boost::beast::http::response<boost::beast::http::string_body>;
 /// What an upstream exchange ended with (SPEC C05, C08, C21, C22).
 struct ForwardResult {
   enum class Kind {
-    response,         ///< a complete response was read; `response` holds it (end-to-end fields only)
-    not_reached,      ///< no byte of the request was written (connect refused/failed) → 502
+    response,     ///< a complete response was read; `response` holds it (end-to-end fields only)
+    not_reached,  ///< no byte of the request was written (connect refused/failed) → 502
     unknown_outcome,  ///< request written, then reset/EOF/malformed response → 502
     timed_out,        ///< request written, no complete response within request_timeout → 504
   };
@@ -42,9 +42,9 @@ struct Exchange {
 
 /// What the session writes back and logs (SPEC C32).
 struct HandlerResult {
-  Response response;          ///< the session adds Date/Via/framing; fields here are end-to-end
-  std::string outcome;        ///< SPEC C31 outcome label: passthrough, executed, replayed, …
-  std::string key_hash;       ///< hex of the record id, empty when no key was involved
+  Response response;     ///< the session adds Date/Via/framing; fields here are end-to-end
+  std::string outcome;   ///< SPEC C31 outcome label: passthrough, executed, replayed, …
+  std::string key_hash;  ///< hex of the record id, empty when no key was involved
   std::chrono::microseconds upstream_time{0};
 };
 

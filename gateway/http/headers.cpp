@@ -1,1 +1,127 @@
-// placeholder until implemented
+#include "gateway/http/headers.hpp"
+
+#include <algorithm>
+#include <boost/beast/core/string.hpp>
+#include <charconv>
+#include <cstdio>
+#include <ctime>
+
+namespace idemgate::http {
+namespace {
+
+namespace bhttp = boost::beast::http;
+
+constexpr std::string_view kHopByHop[] = {
+    "Connection", "Keep-Alive",          "Proxy-Connection",   "TE", "Trailer", "Transfer-Encoding",
+    "Upgrade",    "Proxy-Authorization", "Proxy-Authenticate",
+};
+
+std::string_view trim(std::string_view s) {
+  const auto ows = [](char c) { return c == ' ' || c == '\t'; };
+  while (!s.empty() && ows(s.front())) s.remove_prefix(1);
+  while (!s.empty() && ows(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::string> list_tokens(const Fields& fields, std::string_view name) {
+  std::vector<std::string> out;
+  for (const auto& f : fields) {
+    if (!boost::beast::iequals(f.name_string(), name)) continue;
+    std::string_view rest = f.value();
+    while (!rest.empty()) {
+      const auto comma = rest.find(',');
+      const auto token = trim(rest.substr(0, comma));
+      if (!token.empty()) out.emplace_back(token);
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 1);
+    }
+  }
+  return out;
+}
+
+bool has_token(const Fields& fields, std::string_view name, std::string_view token) {
+  const auto tokens = list_tokens(fields, name);
+  return std::any_of(tokens.begin(), tokens.end(),
+                     [&](const std::string& t) { return boost::beast::iequals(t, token); });
+}
+
+void strip_hop_by_hop(Fields& fields) {
+  // Fields named by Connection go first: the Connection field itself is among kHopByHop. Host
+  // is exempt: a client naming it would otherwise make the forwarded request invalid (C02 keeps
+  // it).
+  for (const auto& name : list_tokens(fields, "Connection")) {
+    if (!boost::beast::iequals(name, "Host")) fields.erase(name);
+  }
+  for (const auto name : kHopByHop) fields.erase(name);
+}
+
+void append_to_list(Fields& fields, std::string_view name, std::string_view value) {
+  std::string joined;
+  for (const auto& f : fields) {
+    if (!boost::beast::iequals(f.name_string(), name)) continue;
+    const auto v = trim(f.value());
+    if (v.empty()) continue;
+    if (!joined.empty()) joined += ", ";
+    joined += v;
+  }
+  if (!joined.empty()) joined += ", ";
+  joined += value;
+  fields.set(name, joined);
+}
+
+void add_forwarding_fields(Fields& fields, std::string_view client_ip, std::string_view proto) {
+  append_to_list(fields, "X-Forwarded-For", client_ip);
+  fields.set("X-Forwarded-Proto", proto);
+  if (const auto host = fields.find(bhttp::field::host); host != fields.end()) {
+    fields.set("X-Forwarded-Host", host->value());
+  } else {
+    fields.erase("X-Forwarded-Host");
+  }
+  append_to_list(fields, "Via", kViaEntry);
+}
+
+std::string_view host_without_port(std::string_view host) {
+  host = trim(host);
+  if (!host.empty() && host.front() == '[') {
+    const auto close = host.find(']');
+    return close == std::string_view::npos ? host : host.substr(0, close + 1);
+  }
+  const auto colon = host.rfind(':');
+  return colon == std::string_view::npos ? host : host.substr(0, colon);
+}
+
+std::optional<std::chrono::seconds> keep_alive_timeout(const Fields& fields) {
+  for (const auto& token : list_tokens(fields, "Keep-Alive")) {
+    const auto eq = token.find('=');
+    if (eq == std::string::npos) continue;
+    if (!boost::beast::iequals(trim(std::string_view(token).substr(0, eq)), "timeout")) continue;
+    auto value = trim(std::string_view(token).substr(eq + 1));
+    if (!value.empty() && value.front() == '"' && value.size() >= 2) {
+      value = value.substr(1, value.size() - 2);
+    }
+    long long seconds = 0;
+    const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
+    if (ec == std::errc() && ptr == value.data() + value.size() && seconds >= 0) {
+      return std::chrono::seconds(seconds);
+    }
+  }
+  return std::nullopt;
+}
+
+std::string format_http_date(std::chrono::system_clock::time_point t) {
+  static constexpr const char* kDays[] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+  static constexpr const char* kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                            "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char out[64];
+  std::snprintf(out, sizeof out, "%s, %02d %s %04d %02d:%02d:%02d GMT", kDays[tm.tm_wday],
+                tm.tm_mday, kMonths[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min,
+                tm.tm_sec);
+  return out;
+}
+
+}  // namespace idemgate::http

@@ -1,1 +1,226 @@
-// placeholder until implemented
+#include "gateway/http/server.hpp"
+
+#include <sys/socket.h>
+#include <algorithm>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/json/object.hpp>
+#include <exception>
+#include <stdexcept>
+#include <thread>
+
+#include "gateway/http/json_log.hpp"
+#include "gateway/http/session.hpp"
+#include "gateway/http/use_nothrow.hpp"
+
+namespace idemgate::http {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+struct Server::Worker {
+  explicit Worker(unsigned i)
+      : index(i),
+        acceptor(io_context),
+        drain_timer(io_context),
+        context(std::make_shared<SessionContext>()) {}
+  unsigned index;
+  asio::io_context io_context{1};
+  tcp::acceptor acceptor;
+  asio::steady_timer drain_timer;
+  std::shared_ptr<SessionContext> context;
+  std::unique_ptr<RequestHandler> handler;
+  std::atomic<std::thread::id> thread_id{};
+  bool finished = false;
+};
+
+namespace {
+
+using reuse_port = asio::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>;
+
+tcp::endpoint resolve_listen(const config::Listen& listen) {
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(listen.address, ec);
+  if (!ec) return {address, listen.port};
+  asio::io_context io;
+  tcp::resolver resolver(io);
+  const auto results = resolver.resolve(listen.address, std::to_string(listen.port));
+  return results.begin()->endpoint();
+}
+
+void open_acceptor(tcp::acceptor& acceptor, const tcp::endpoint& endpoint) {
+  acceptor.open(endpoint.protocol());
+  acceptor.set_option(asio::socket_base::reuse_address(true));
+  acceptor.set_option(reuse_port(true));
+  acceptor.bind(endpoint);
+  acceptor.listen(asio::socket_base::max_listen_connections);
+}
+
+asio::awaitable<void> accept_loop(tcp::acceptor* acceptor,
+                                  std::shared_ptr<SessionContext> context) {
+  asio::steady_timer backoff(acceptor->get_executor());
+  for (;;) {
+    auto [ec, socket] = co_await acceptor->async_accept(use_nothrow);
+    if (ec) {
+      if (ec == asio::error::operation_aborted || !acceptor->is_open()) co_return;
+      // E.g. out of file descriptors: give connections in progress a moment to end.
+      log_json(spdlog::level::warn, "accept failed", {{"error", ec.message()}});
+      backoff.expires_after(std::chrono::milliseconds(50));
+      co_await backoff.async_wait(use_nothrow);
+      continue;
+    }
+    boost::system::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    start_session(std::move(socket), context);
+  }
+}
+
+}  // namespace
+
+Server::Server(std::shared_ptr<const config::Config> config, HandlerFactory make_handler)
+    : config_(std::move(config)), make_handler_(std::move(make_handler)) {
+  if (!config_->listen.tls_cert.empty() || !config_->listen.tls_key.empty()) {
+    throw std::invalid_argument("listen.tls is not supported by the HTTP listener");
+  }
+  const unsigned threads = static_cast<unsigned>(std::max(config_->threads, 1));
+  auto endpoint = resolve_listen(config_->listen);
+  for (unsigned i = 0; i < threads; ++i) {
+    auto worker = std::make_unique<Worker>(i);
+    open_acceptor(worker->acceptor, endpoint);
+    if (i == 0) endpoint.port(worker->acceptor.local_endpoint().port());  // port 0 → the bound one
+    worker->context->config = [this] { return this->config(); };
+    workers_.push_back(std::move(worker));
+  }
+  port_ = endpoint.port();
+}
+
+Server::~Server() {
+  stop(false);
+  for (auto& worker : workers_) {
+    // Sessions destroyed with the io_context must not call back into a Worker being destroyed.
+    worker->context->on_session_end = nullptr;
+  }
+}
+
+std::shared_ptr<const config::Config> Server::config() const {
+  return std::atomic_load(&config_);
+}
+
+void Server::update_config(std::shared_ptr<const config::Config> config) {
+  std::atomic_store(&config_, std::move(config));
+}
+
+bool Server::on_io_thread() const {
+  const auto self = std::this_thread::get_id();
+  for (const auto& worker : workers_) {
+    if (worker->thread_id == self) return true;
+  }
+  return false;
+}
+
+void Server::run() {
+  {
+    std::lock_guard lock(mutex_);
+    if (running_ || finished_ || stopping_) return;
+    running_ = true;
+  }
+  const auto cfg = config();
+  log_json(spdlog::level::info, "listening",
+           {{"address", cfg->listen.address}, {"port", port_}, {"threads", workers_.size()}});
+  std::vector<std::thread> threads;
+  threads.reserve(workers_.size());
+  for (auto& worker : workers_) {
+    threads.emplace_back([this, w = worker.get()] { run_worker(*w); });
+  }
+  for (auto& thread : threads) thread.join();
+  {
+    std::lock_guard lock(mutex_);
+    running_ = false;
+    finished_ = true;
+  }
+  stopped_cv_.notify_all();
+}
+
+void Server::run_worker(Worker& worker) {
+  worker.thread_id = std::this_thread::get_id();
+  try {
+    worker.handler = make_handler_(worker.io_context, worker.index);
+  } catch (const std::exception& e) {
+    log_json(spdlog::level::err, "handler creation failed",
+             {{"thread", worker.index}, {"error", e.what()}});
+    stop(false);
+  }
+  worker.context->handler = worker.handler.get();
+  worker.context->on_session_end = [this, &worker] {
+    if (worker.context->draining && worker.context->sessions.empty()) finish_worker(worker);
+  };
+  asio::co_spawn(
+      worker.io_context, accept_loop(&worker.acceptor, worker.context), [](std::exception_ptr e) {
+        if (!e) return;
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+          log_json(spdlog::level::critical, "accept loop failed", {{"error", ex.what()}});
+        }
+      });
+  worker.io_context.run();
+  // Handlers are thread-affine (store connections): destroy it on its own thread, while the
+  // io_context its sockets belong to still exists.
+  worker.context->handler = nullptr;
+  worker.handler.reset();
+}
+
+void Server::stop(bool drain) {
+  if (!stopping_.exchange(true)) {
+    for (auto& worker : workers_) {
+      asio::post(worker->io_context, [this, w = worker.get(), drain] { begin_stop(*w, drain); });
+    }
+  }
+  if (on_io_thread()) return;
+  std::unique_lock lock(mutex_);
+  stopped_cv_.wait(lock, [this] { return !running_; });
+}
+
+void Server::begin_stop(Worker& worker, bool drain) {
+  boost::system::error_code ignored;
+  worker.acceptor.close(ignored);
+  auto& context = *worker.context;
+  context.draining = true;
+  // A copy: closing a session may end it and remove it from the set.
+  const std::vector<Session*> sessions(context.sessions.begin(), context.sessions.end());
+  for (auto* session : sessions) {
+    if (drain) {
+      session->drain();
+    } else {
+      session->close();
+    }
+  }
+  if (!drain || context.sessions.empty()) {
+    finish_worker(worker);
+    return;
+  }
+  const auto cfg = config();
+  worker.drain_timer.expires_after(cfg->limits.drain_timeout);
+  worker.drain_timer.async_wait([this, &worker](boost::system::error_code ec) {
+    if (ec) return;
+    if (!worker.context->sessions.empty()) {
+      log_json(spdlog::level::warn, "drain timeout",
+               {{"thread", worker.index}, {"open_connections", worker.context->sessions.size()}});
+    }
+    const std::vector<Session*> left(worker.context->sessions.begin(),
+                                     worker.context->sessions.end());
+    for (auto* session : left) session->close();
+    finish_worker(worker);
+  });
+}
+
+void Server::finish_worker(Worker& worker) {
+  if (worker.finished) return;
+  worker.finished = true;
+  worker.drain_timer.cancel();
+  worker.io_context.stop();
+}
+
+}  // namespace idemgate::http

@@ -1,1 +1,329 @@
-// placeholder until implemented
+#include "gateway/http/session.hpp"
+
+#include <algorithm>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/beast/core/error.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/serializer.hpp>
+#include <boost/beast/http/write.hpp>
+#include <boost/json/object.hpp>
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <optional>
+
+#include "gateway/http/headers.hpp"
+#include "gateway/http/json_log.hpp"
+#include "gateway/http/problem.hpp"
+#include "gateway/http/router.hpp"
+#include "gateway/http/use_nothrow.hpp"
+
+namespace idemgate::http {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr std::size_t kReadChunk = 4096;
+/// After a response that ends the connection, how long to read and discard what the client still
+/// sends: closing with unread input makes the kernel send a reset that can destroy the response.
+constexpr auto kLingerTime = std::chrono::seconds(2);
+constexpr std::size_t kLingerMaxBytes = 1024 * 1024;
+
+bool status_has_body(unsigned status) {
+  return !(status / 100 == 1 || status == 204 || status == 304);
+}
+
+/// The problem a parse error is answered with; nullopt for errors of the connection itself
+/// (EOF, reset, timeout), which end it silently.
+std::optional<Problem> problem_for(const boost::system::error_code& ec) {
+  if (ec == bhttp::error::header_limit) return Problem::headers_too_large;
+  if (ec == bhttp::error::body_limit) return Problem::payload_too_large;
+  if (ec == bhttp::error::bad_content_length || ec == bhttp::error::multiple_content_length ||
+      ec == bhttp::error::bad_transfer_encoding) {
+    return Problem::bad_framing;
+  }
+  if (ec.category() == bhttp::make_error_code(bhttp::error::end_of_stream).category() &&
+      ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message) {
+    return Problem::bad_request;
+  }
+  return std::nullopt;
+}
+
+std::string problem_detail(Problem problem, const config::Limits& limits,
+                           const boost::system::error_code& ec) {
+  switch (problem) {
+    case Problem::headers_too_large:
+      return "the header section exceeds " + std::to_string(limits.max_header_bytes) + " bytes";
+    case Problem::payload_too_large:
+      return "the request body exceeds " + std::to_string(limits.max_request_body) + " bytes";
+    case Problem::bad_framing:
+      return "the request framing is ambiguous (RFC 9112 section 6.3): " + ec.message();
+    default:
+      return "the request could not be parsed: " + ec.message();
+  }
+}
+
+double to_ms(std::chrono::microseconds us) {
+  return static_cast<double>(us.count()) / 1000.0;
+}
+
+void finalize_response(Response& res, unsigned version, bool keep_alive, bool head) {
+  strip_hop_by_hop(res.base());
+  res.version(version);
+  res.set(bhttp::field::date, format_http_date(std::chrono::system_clock::now()));
+  append_to_list(res.base(), "Via", kViaEntry);
+  if (!status_has_body(res.result_int())) {
+    res.body().clear();
+    res.erase(bhttp::field::content_length);
+  } else if (head) {
+    res.body().clear();  // the Content-Length describes what a GET would have returned
+  } else {
+    res.content_length(res.body().size());
+  }
+  res.keep_alive(keep_alive);
+}
+
+asio::awaitable<void> serve(tcp::socket socket, std::shared_ptr<SessionContext> context) {
+  Session session(std::move(socket), std::move(context));
+  co_await session.run();
+}
+
+}  // namespace
+
+Session::Session(tcp::socket socket, std::shared_ptr<SessionContext> context)
+    : stream_(std::move(socket)), context_(std::move(context)) {
+  boost::system::error_code ec;
+  const auto remote = stream_.socket().remote_endpoint(ec);
+  client_ip_ = ec ? std::string("unknown") : remote.address().to_string();
+  context_->sessions.insert(this);
+}
+
+Session::~Session() {
+  context_->sessions.erase(this);
+  if (context_->on_session_end) context_->on_session_end();
+}
+
+void Session::drain() {
+  if (state_ == State::idle) {
+    close();
+  } else {
+    close_after_response_ = true;
+  }
+}
+
+void Session::close() {
+  stream_.close();
+}
+
+asio::awaitable<void> Session::run() {
+  beast::flat_buffer buffer;
+  bool first = true;
+  for (;;) {
+    const auto config = context_->config();
+    if (buffer.size() == 0) {
+      if (context_->draining) break;
+      state_ = State::idle;
+      // C07: a new connection gets header_read_timeout for its first byte, a kept-alive one
+      // idle_timeout between requests.
+      stream_.expires_after(first ? config->limits.header_read_timeout
+                                  : config->limits.idle_timeout);
+      auto [ec, n] = co_await stream_.async_read_some(buffer.prepare(kReadChunk), use_nothrow);
+      if (ec) break;
+      buffer.commit(n);
+    }
+    first = false;
+    state_ = State::busy;
+    const bool keep_alive = co_await serve_one(buffer, config);
+    if (!keep_alive) {
+      co_await lingering_close();
+      break;
+    }
+  }
+  stream_.close();
+}
+
+asio::awaitable<void> Session::lingering_close() {
+  boost::system::error_code ec;
+  stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  if (ec) co_return;
+  stream_.expires_after(kLingerTime);
+  std::size_t discarded = 0;
+  char scratch[kReadChunk];
+  while (discarded < kLingerMaxBytes) {
+    auto [rec, n] = co_await stream_.async_read_some(asio::buffer(scratch), use_nothrow);
+    if (rec) break;
+    discarded += n;
+  }
+}
+
+asio::awaitable<bool> Session::serve_one(beast::flat_buffer& buffer,
+                                         std::shared_ptr<const config::Config> config) {
+  const auto& limits = config->limits;
+  const auto started = Clock::now();
+  const auto started_wall = std::chrono::system_clock::now();
+
+  bhttp::request_parser<bhttp::string_body> parser;
+  parser.header_limit(static_cast<std::uint32_t>(
+      std::min<std::size_t>(limits.max_header_bytes, std::numeric_limits<std::uint32_t>::max())));
+  parser.body_limit(static_cast<std::uint64_t>(limits.max_request_body));
+
+  HandlerResult result;
+  const config::Route* route = nullptr;
+  bool keep_alive = false;
+  bool head = false;
+  unsigned version = 11;
+  bool answered = true;  // false: the connection ended without a response to log
+
+  // Everything up to the handler call; sets `result` when the gateway answers itself.
+  std::optional<Problem> reject;
+  std::string reject_detail;
+  stream_.expires_after(limits.header_read_timeout);
+  auto [hec, hn] = co_await bhttp::async_read_header(stream_, buffer, parser, use_nothrow);
+  if (hec) {
+    reject = problem_for(hec);
+    if (!reject) co_return false;
+    reject_detail = problem_detail(*reject, limits, hec);
+  } else {
+    version = parser.get().version();
+    const auto te = parser.get().count(bhttp::field::transfer_encoding);
+    // Beast accepts a Transfer-Encoding whose last coding is not chunked, which leaves the body
+    // length undeterminable; RFC 9112 §6.1/§6.3 require 400 and closing for it (C03).
+    if (te > 0 && (!parser.chunked() || version < 11)) {
+      reject = Problem::bad_framing;
+      reject_detail = "Transfer-Encoding must end with chunked on an HTTP/1.1 request";
+    }
+  }
+
+  if (!reject && !parser.is_done()) {
+    const auto expect = parser.get()[bhttp::field::expect];
+    if (version >= 11 && beast::iequals(expect, "100-continue")) {
+      bhttp::response<bhttp::empty_body> interim{bhttp::status::continue_, 11};
+      stream_.expires_after(limits.idle_timeout);
+      auto [wec, wn] = co_await bhttp::async_write(stream_, interim, use_nothrow);
+      if (wec) co_return false;
+    }
+    // Trailer fields would be merged into the header: keep the header as it arrived.
+    std::optional<bhttp::request_header<>> header;
+    if (parser.chunked()) header = parser.get().base();
+    stream_.expires_after(limits.idle_timeout);
+    auto [bec, bn] = co_await bhttp::async_read(stream_, buffer, parser, use_nothrow);
+    if (bec) {
+      reject = problem_for(bec);
+      if (!reject) co_return false;
+      reject_detail = problem_detail(*reject, limits, bec);
+    } else if (header) {
+      parser.get().base() = std::move(*header);
+    }
+  }
+
+  Request request = parser.release();
+  const std::string method(request.method_string());
+  const std::string target(request.target());
+  head = request.method() == bhttp::verb::head;
+
+  if (reject) {
+    result.response = make_problem(*reject, std::move(reject_detail), version, false);
+    result.outcome = "rejected";
+  } else {
+    keep_alive = request.keep_alive() && !close_after_response_ && !context_->draining;
+    route = match(*config, request[bhttp::field::host], target_path(target), method);
+    const auto upstream = route ? config->upstreams.find(route->upstream) : config->upstreams.end();
+    if (!route) {
+      result.response =
+          make_problem(Problem::route_not_found,
+                       "no route matches " + method + " " + std::string(target_path(target)),
+                       version, keep_alive);
+      result.outcome = "no_route";
+    } else if (upstream == config->upstreams.end()) {
+      result.response =
+          make_problem(Problem::internal_error,
+                       "route " + route->name + " names an unknown upstream", version, keep_alive);
+      result.outcome = "internal_error";
+    } else {
+      const bool framed = request.has_content_length() || request.chunked();
+      strip_hop_by_hop(request.base());
+      request.erase(bhttp::field::expect);
+      request.erase("Idempotent-Replayed");
+      add_forwarding_fields(request.base(), client_ip_, "http");
+      if (framed || !request.body().empty()) {
+        request.content_length(request.body().size());
+      }
+      Exchange exchange{std::move(request), config, route, &upstream->second};
+      std::string failure;
+      try {
+        result = co_await context_->handler->handle(std::move(exchange));
+      } catch (const std::exception& e) {
+        failure = e.what();
+      } catch (...) {
+        failure = "unknown exception";
+      }
+      if (!failure.empty()) {
+        log_json(
+            spdlog::level::err, "handler failed",
+            {{"route", route->name}, {"method", method}, {"target", target}, {"error", failure}});
+        keep_alive = false;
+        result = HandlerResult{};
+        result.response =
+            make_problem(Problem::internal_error, "the gateway failed while handling the request",
+                         version, false);
+        result.outcome = "internal_error";
+      }
+      keep_alive = keep_alive && !close_after_response_ && !context_->draining;
+    }
+  }
+
+  Response& res = result.response;
+  finalize_response(res, version, keep_alive, head);
+  stream_.expires_after(limits.idle_timeout);
+  boost::system::error_code wec;
+  if (head && status_has_body(res.result_int())) {
+    bhttp::response_serializer<bhttp::string_body> serializer{res};
+    auto [ec, n] = co_await bhttp::async_write_header(stream_, serializer, use_nothrow);
+    wec = ec;
+  } else {
+    auto [ec, n] = co_await bhttp::async_write(stream_, res, use_nothrow);
+    wec = ec;
+  }
+  if (wec) keep_alive = false;
+  answered = !wec;
+
+  const auto total = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
+  log_json(spdlog::level::info, "access",
+           {{"time", format_rfc3339(started_wall)},
+            {"route", route ? route->name : ""},
+            {"method", method},
+            {"target", target},
+            {"status", res.result_int()},
+            {"outcome", result.outcome},
+            {"key_hash", result.key_hash},
+            {"upstream_ms", to_ms(result.upstream_time)},
+            {"total_ms", to_ms(total)},
+            {"client", client_ip_},
+            {"written", answered}});
+  co_return keep_alive;
+}
+
+void start_session(tcp::socket socket, std::shared_ptr<SessionContext> context) {
+  auto executor = socket.get_executor();
+  asio::co_spawn(executor, serve(std::move(socket), std::move(context)), [](std::exception_ptr e) {
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      log_json(spdlog::level::err, "session failed", {{"error", ex.what()}});
+    } catch (...) {
+      log_json(spdlog::level::err, "session failed", {{"error", "unknown"}});
+    }
+  });
+}
+
+}  // namespace idemgate::http

@@ -1,1 +1,342 @@
-// placeholder until implemented
+#include "gateway/http/upstream_pool.hpp"
+
+#include <algorithm>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/error.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/write.hpp>
+#include <deque>
+#include <optional>
+
+#include "gateway/http/headers.hpp"
+#include "gateway/http/json_log.hpp"
+#include "gateway/http/problem.hpp"
+#include "gateway/http/use_nothrow.hpp"
+
+namespace idemgate::http {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+struct UpstreamPool::Connection {
+  explicit Connection(asio::any_io_executor executor, std::string server_key)
+      : stream(std::move(executor)), server(std::move(server_key)) {}
+  beast::tcp_stream stream;
+  std::string server;  ///< "host:port"
+  Clock::time_point idle_deadline{};
+};
+
+struct UpstreamPool::UpstreamState {
+  std::size_t next_server = 0;
+  std::deque<std::unique_ptr<Connection>> idle;  ///< oldest first
+};
+
+namespace {
+
+constexpr std::uint32_t kMaxResponseHeaderBytes = 64 * 1024;
+/// How long before the upstream's announced keep-alive end a pooled connection is retired (C08).
+constexpr auto kKeepAliveMargin = std::chrono::seconds(1);
+
+std::string server_key(const config::Server& server) {
+  return server.host + ":" + std::to_string(server.port);
+}
+
+bool status_has_body(unsigned status) {
+  return !(status / 100 == 1 || status == 204 || status == 304);
+}
+
+// A non-blocking peek: EOF, an error or unsolicited bytes all mean the connection is unusable.
+bool peer_closed(tcp::socket& socket) {
+  boost::system::error_code ec;
+  socket.non_blocking(true, ec);
+  if (ec) return true;
+  char byte = 0;
+  socket.receive(asio::buffer(&byte, 1), tcp::socket::message_peek, ec);
+  boost::system::error_code ignored;
+  socket.non_blocking(false, ignored);
+  return ec != asio::error::would_block;
+}
+
+bool closed_before_answer(const boost::system::error_code& ec) {
+  return ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
+         ec == asio::error::connection_reset || ec == asio::error::broken_pipe ||
+         ec == asio::error::connection_aborted;
+}
+
+// One request/response exchange on an established connection.
+struct Attempt {
+  enum class Kind {
+    response,   ///< complete response
+    stale,      ///< failed before the first response byte: EOF, reset or write error
+    timed_out,  ///< request_timeout ran out after (part of) the request was written
+    failed,     ///< any other failure after writing
+  };
+  Kind kind = Kind::failed;
+  Response response;
+  bool reusable = false;
+  std::optional<std::chrono::seconds> keep_alive;  ///< the upstream's Keep-Alive: timeout=N
+  std::string detail;
+};
+
+asio::awaitable<boost::system::error_code> connect(beast::tcp_stream* stream, config::Server server,
+                                                   config::Duration timeout) {
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(server.host, ec);
+  if (!ec) {
+    stream->expires_after(timeout);
+    auto [cec] = co_await stream->async_connect(tcp::endpoint(address, server.port), use_nothrow);
+    ec = cec;
+  } else {
+    tcp::resolver resolver(stream->get_executor());
+    auto [rec, endpoints] =
+        co_await resolver.async_resolve(server.host, std::to_string(server.port), use_nothrow);
+    if (rec) co_return rec;
+    stream->expires_after(timeout);
+    auto [cec, endpoint] = co_await stream->async_connect(endpoints, use_nothrow);
+    ec = cec;
+  }
+  if (!ec) stream->socket().set_option(tcp::no_delay(true), ec);
+  stream->expires_never();
+  co_return ec;
+}
+
+asio::awaitable<Attempt> exchange(beast::tcp_stream* stream, const Request* request,
+                                  config::Duration request_timeout, std::size_t max_body) {
+  Attempt attempt;
+  const bool head = request->method() == bhttp::verb::head;
+  stream->expires_after(request_timeout);
+  auto [wec, written] = co_await bhttp::async_write(*stream, *request, use_nothrow);
+  if (wec) {
+    attempt.kind = wec == beast::error::timeout ? Attempt::Kind::timed_out : Attempt::Kind::stale;
+    attempt.detail = "writing the request failed: " + wec.message();
+    co_return attempt;
+  }
+
+  beast::flat_buffer buffer;
+  std::optional<bhttp::response_parser<bhttp::string_body>> parser;
+  bool got_bytes = false;
+  for (;;) {
+    parser.emplace();
+    parser->header_limit(kMaxResponseHeaderBytes);
+    parser->body_limit(max_body);
+    parser->skip(head);
+    auto [ec, n] = co_await bhttp::async_read_header(*stream, buffer, *parser, use_nothrow);
+    if (ec) {
+      got_bytes = got_bytes || parser->got_some() || buffer.size() > 0;
+      if (ec == beast::error::timeout) {
+        attempt.kind = Attempt::Kind::timed_out;
+      } else if (!got_bytes && closed_before_answer(ec)) {
+        attempt.kind = Attempt::Kind::stale;
+      } else {
+        attempt.kind = Attempt::Kind::failed;
+      }
+      attempt.detail = "reading the response header failed: " + ec.message();
+      co_return attempt;
+    }
+    got_bytes = true;
+    const unsigned status = parser->get().result_int();
+    if (status == 101) {
+      attempt.detail = "the upstream switched protocols without being asked to";
+      co_return attempt;
+    }
+    if (status >= 200) break;  // 1xx interim responses are not forwarded
+  }
+
+  // Trailer fields of a chunked body are merged into the fields by the parser: keep the header.
+  auto header = parser->get().base();
+  if (!parser->is_done()) {
+    auto [ec, n] = co_await bhttp::async_read(*stream, buffer, *parser, use_nothrow);
+    if (ec) {
+      attempt.kind = ec == beast::error::timeout ? Attempt::Kind::timed_out : Attempt::Kind::failed;
+      attempt.detail = ec == bhttp::error::body_limit
+                           ? "the response body is larger than max_response_body"
+                           : "reading the response body failed: " + ec.message();
+      co_return attempt;
+    }
+  }
+  stream->expires_never();
+
+  attempt.kind = Attempt::Kind::response;
+  attempt.reusable = parser->keep_alive() && !parser->need_eof() && buffer.size() == 0;
+  attempt.keep_alive = keep_alive_timeout(header);
+  Response& res = attempt.response;
+  res.base() = std::move(header);
+  res.body() = std::move(parser->get().body());
+  res.version(11);
+  strip_hop_by_hop(res.base());
+  res.erase("Idempotent-Replayed");
+  if (!head) {
+    if (status_has_body(res.result_int())) {
+      res.content_length(res.body().size());
+    } else {
+      res.erase(bhttp::field::content_length);
+    }
+  }
+  co_return attempt;
+}
+
+}  // namespace
+
+UpstreamPool::UpstreamPool(asio::any_io_executor executor) : executor_(std::move(executor)) {}
+
+UpstreamPool::~UpstreamPool() = default;
+
+std::size_t UpstreamPool::idle_connections(const std::string& upstream) const {
+  const auto it = upstreams_.find(upstream);
+  return it == upstreams_.end() ? 0 : it->second->idle.size();
+}
+
+std::unique_ptr<UpstreamPool::Connection> UpstreamPool::take_idle(UpstreamState& state,
+                                                                  const std::string& server) {
+  const auto now = Clock::now();
+  std::erase_if(state.idle, [&](const auto& c) { return c->idle_deadline <= now; });
+  // Most recently used first: the least likely to have been closed by the upstream.
+  for (std::size_t i = state.idle.size(); i-- > 0;) {
+    if (state.idle[i]->server != server) continue;
+    auto connection = std::move(state.idle[i]);
+    state.idle.erase(state.idle.begin() + static_cast<std::ptrdiff_t>(i));
+    if (!peer_closed(connection->stream.socket())) return connection;
+  }
+  return nullptr;
+}
+
+void UpstreamPool::put_idle(UpstreamState& state, const config::Upstream& upstream,
+                            std::unique_ptr<Connection> connection) {
+  if (upstream.max_idle_connections <= 0) return;
+  const auto now = Clock::now();
+  std::erase_if(state.idle, [&](const auto& c) { return c->idle_deadline <= now; });
+  while (state.idle.size() >= static_cast<std::size_t>(upstream.max_idle_connections)) {
+    state.idle.pop_front();
+  }
+  state.idle.push_back(std::move(connection));
+}
+
+asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& upstream_ref,
+                                                     Request request) {
+  // A copy: the reference is only promised until the first suspension.
+  const config::Upstream upstream = upstream_ref;
+  const auto start = Clock::now();
+  ForwardResult result;
+
+  request.version(11);
+  request.keep_alive(true);
+  request.erase(bhttp::field::transfer_encoding);
+  if (!request.body().empty() || request.has_content_length()) {
+    request.content_length(request.body().size());
+  }
+
+  auto& slot = upstreams_[upstream.name];
+  if (!slot) slot = std::make_unique<UpstreamState>();
+  UpstreamState& state = *slot;
+
+  const std::size_t count = upstream.servers.size();
+  const std::size_t first = count == 0 ? 0 : state.next_server++ % count;
+  std::string last_error = "the upstream has no servers";
+  for (std::size_t i = 0; i < count; ++i) {
+    const config::Server server = upstream.servers[(first + i) % count];
+    const auto key = server_key(server);
+    auto connection = take_idle(state, key);
+    const bool pooled = connection != nullptr;
+    if (!pooled) {
+      connection = std::make_unique<Connection>(executor_, key);
+      const auto ec = co_await connect(&connection->stream, server, upstream.connect_timeout);
+      if (ec) {
+        // Nothing was written: the next server may take it (C08).
+        last_error = key + ": " + ec.message();
+        continue;
+      }
+    }
+    auto attempt = co_await exchange(&connection->stream, &request, upstream.request_timeout,
+                                     upstream.max_response_body);
+    if (attempt.kind == Attempt::Kind::stale && pooled) {
+      // The upstream closed the idle connection as the request went out, before reading it;
+      // retry once on a fresh connection to the same server, never on another (C08).
+      connection = std::make_unique<Connection>(executor_, key);
+      const auto ec = co_await connect(&connection->stream, server, upstream.connect_timeout);
+      if (ec) {
+        attempt.kind = Attempt::Kind::failed;
+        attempt.detail = "a pooled connection closed and reconnecting failed: " + ec.message();
+      } else {
+        attempt = co_await exchange(&connection->stream, &request, upstream.request_timeout,
+                                    upstream.max_response_body);
+      }
+    }
+    switch (attempt.kind) {
+      case Attempt::Kind::response: {
+        result.kind = ForwardResult::Kind::response;
+        result.response = std::move(attempt.response);
+        auto keep = std::chrono::duration_cast<Clock::duration>(upstream.idle_timeout);
+        if (attempt.keep_alive) {
+          keep = std::min<Clock::duration>(keep, *attempt.keep_alive - kKeepAliveMargin);
+        }
+        if (attempt.reusable && keep > Clock::duration::zero()) {
+          connection->idle_deadline = Clock::now() + keep;
+          put_idle(state, upstream, std::move(connection));
+        }
+        break;
+      }
+      case Attempt::Kind::timed_out:
+        result.kind = ForwardResult::Kind::timed_out;
+        result.detail = "upstream " + upstream.name + " (" + key +
+                        ") gave no complete response within request_timeout";
+        break;
+      case Attempt::Kind::stale:
+      case Attempt::Kind::failed:
+        result.kind = ForwardResult::Kind::unknown_outcome;
+        result.detail = "upstream " + upstream.name + " (" + key + "): " + attempt.detail;
+        break;
+    }
+    result.upstream_time =
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
+    co_return result;
+  }
+  result.kind = ForwardResult::Kind::not_reached;
+  result.detail =
+      "no server of upstream " + upstream.name + " accepted a connection (" + last_error + ")";
+  result.upstream_time =
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
+  co_return result;
+}
+
+Response forward_result_response(ForwardResult result) {
+  switch (result.kind) {
+    case ForwardResult::Kind::response:
+      return std::move(result.response);
+    case ForwardResult::Kind::not_reached:
+      return make_problem(Problem::upstream_unreachable, std::move(result.detail), 11, true);
+    case ForwardResult::Kind::unknown_outcome:
+      return make_problem(Problem::upstream_failed, std::move(result.detail), 11, true);
+    case ForwardResult::Kind::timed_out:
+      return make_problem(Problem::upstream_timeout, std::move(result.detail), 11, true);
+  }
+  return make_problem(Problem::internal_error, "unknown forward result", 11, true);
+}
+
+ProxyHandler::ProxyHandler(std::shared_ptr<Forwarder> forwarder)
+    : forwarder_(std::move(forwarder)) {}
+
+asio::awaitable<HandlerResult> ProxyHandler::handle(Exchange exchange) {
+  auto result = co_await forwarder_->forward(*exchange.upstream, std::move(exchange.request));
+  HandlerResult out;
+  out.upstream_time = result.upstream_time;
+  if (result.kind == ForwardResult::Kind::response) {
+    out.outcome = "passthrough";
+  } else {
+    out.outcome = "upstream_error";
+    log_json(spdlog::level::warn, "upstream failed",
+             {{"route", exchange.route->name},
+              {"upstream", exchange.upstream->name},
+              {"detail", result.detail}});
+  }
+  out.response = forward_result_response(std::move(result));
+  co_return out;
+}
+
+}  // namespace idemgate::http

@@ -1,0 +1,53 @@
+#pragma once
+// Header-field rules of a proxy (RFC 9110 §7.6): hop-by-hop stripping in both directions,
+// X-Forwarded-*, Via, and small field helpers. Pure functions on Beast field containers.
+
+#include <boost/beast/http/fields.hpp>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace idemgate::http {
+
+using Fields = boost::beast::http::fields;
+
+/// The `Via` entry this gateway adds to requests and responses (SPEC C02).
+inline constexpr std::string_view kViaEntry = "1.1 idemgate";
+
+/// Removes the hop-by-hop fields of SPEC C02 (RFC 9110 §7.6.1): `Connection` and every field
+/// it names, `Keep-Alive`, `Proxy-Connection`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`,
+/// `Proxy-Authorization`, `Proxy-Authenticate`. All other fields keep their order and repeats;
+/// `Host` is never removed, even when `Connection` names it.
+/// Used for requests and responses alike.
+void strip_hop_by_hop(Fields& fields);
+
+/// Appends `value` to the comma-separated list of field `name`: repeated fields are joined into
+/// one (RFC 9110 §5.3 makes that equivalent) and `value` goes last. Adds the field if absent.
+void append_to_list(Fields& fields, std::string_view name, std::string_view value);
+
+/// Adds the forwarding fields of SPEC C02 to a request: appends `client_ip` to
+/// `X-Forwarded-For`, sets `X-Forwarded-Proto` to `proto` and `X-Forwarded-Host` to the `Host`
+/// value (removed when there is no Host), and appends `Via: 1.1 idemgate`. `Host` is untouched.
+void add_forwarding_fields(Fields& fields, std::string_view client_ip, std::string_view proto);
+
+/// The comma-separated tokens of every `name` field, trimmed of optional white space, in order;
+/// empty elements are dropped (RFC 9110 §5.6.1).
+std::vector<std::string> list_tokens(const Fields& fields, std::string_view name);
+
+/// True when some `name` field lists `token` (case-insensitive).
+bool has_token(const Fields& fields, std::string_view name, std::string_view token);
+
+/// The host name of a `Host` value without its port: `Example.com:8080` → `Example.com`,
+/// `[::1]:80` → `[::1]`. Case is kept; compare case-insensitively.
+std::string_view host_without_port(std::string_view host);
+
+/// The `timeout=N` parameter of a `Keep-Alive` field (seconds), if any (C08).
+std::optional<std::chrono::seconds> keep_alive_timeout(const Fields& fields);
+
+/// `t` in the IMF-fixdate form of RFC 9110 §5.6.7 (`Sun, 06 Nov 1994 08:49:37 GMT`), for `Date`.
+/// Locale-independent.
+std::string format_http_date(std::chrono::system_clock::time_point t);
+
+}  // namespace idemgate::http

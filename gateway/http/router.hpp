@@ -1,0 +1,26 @@
+#pragma once
+// Route selection (SPEC §2 "Routes are tried in file order", C01).
+
+#include <string_view>
+
+#include "gateway/config/config.hpp"
+
+namespace idemgate::http {
+
+/// The first route of `config.routes` (file order) whose `host`, path and `methods` all match,
+/// or nullptr (→ 404, SPEC C01).
+/// - `host`: the `Host` value; its port is ignored and names compare case-insensitively. A route
+///   host `*.example.com` matches any subdomain (`a.example.com`, `a.b.example.com`) but not
+///   `example.com` itself. An empty route host matches any request, with or without `Host`.
+/// - `path`: the request path without query; `match.path` must equal it, `match.path_prefix` must
+///   be a prefix of it (plain string prefix: `/pay` matches `/payments`). Both may be set.
+/// - `method`: compared case-sensitively (RFC 9110 §9.1); empty `methods` accept any.
+/// The result points into `config`. Pure; thread-safe.
+const config::Route* match(const config::Config& config, std::string_view host,
+                           std::string_view path, std::string_view method);
+
+/// The path of a request target: origin-form `/a/b?q` → `/a/b`; absolute-form
+/// `http://h/a?q` → `/a` (`/` when empty); anything else (`*`, authority-form) → as given.
+std::string_view target_path(std::string_view target);
+
+}  // namespace idemgate::http

@@ -1,0 +1,76 @@
+#pragma once
+// The HTTP listener: N io threads, each with its own io_context, acceptor (SO_REUSEPORT on one
+// port), RequestHandler and sessions; nothing is shared between threads on the request path
+// except the immutable config snapshot (STYLE "Threads").
+
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "gateway/config/config.hpp"
+#include "gateway/http/handler.hpp"
+
+namespace idemgate::http {
+
+class Server {
+ public:
+  /// Creates the thread's handler; called once per io thread, on that thread, before it serves.
+  using HandlerFactory = std::function<std::unique_ptr<RequestHandler>(
+      boost::asio::io_context& io_context, unsigned thread_index)>;
+
+  /// Binds `config->threads` acceptors (at least one) to `listen.address:listen.port` with
+  /// SO_REUSEPORT; with port 0 the first binds an ephemeral port and the others join it.
+  /// Throws boost::system::system_error when binding fails and std::invalid_argument when
+  /// `listen` asks for TLS (not supported by this listener).
+  Server(std::shared_ptr<const config::Config> config, HandlerFactory make_handler);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// Serves on all io threads and blocks until stop() has finished; logs a JSON `listening`
+  /// line with the bound port first. Returns at once if stop() came first. Call once.
+  void run();
+
+  /// The bound port (useful with port 0). Thread-safe.
+  std::uint16_t local_port() const { return port_; }
+
+  /// Stops accepting. With `drain`, requests in progress finish (their responses carry
+  /// `Connection: close`) for up to `limits.drain_timeout`, idle keep-alive connections close at
+  /// once, and what remains after the timeout is closed; without it all connections close now.
+  /// Then every thread's handler is destroyed on its thread and run() returns.
+  /// Thread-safe; idempotent. Called from outside the server's io threads it blocks until run()
+  /// has returned (SPEC §1 SIGTERM); from an io thread (e.g. a handler) it only initiates.
+  void stop(bool drain = true);
+
+  /// Makes `config` the snapshot of requests that start from now on (SPEC §1 SIGHUP). Listener
+  /// fields (address, port, threads) are not re-applied. Thread-safe.
+  void update_config(std::shared_ptr<const config::Config> config);
+
+  /// The current snapshot. Thread-safe.
+  std::shared_ptr<const config::Config> config() const;
+
+ private:
+  struct Worker;
+  void run_worker(Worker& worker);
+  void begin_stop(Worker& worker, bool drain);
+  void finish_worker(Worker& worker);
+  bool on_io_thread() const;
+
+  std::shared_ptr<const config::Config> config_;  // std::atomic_load/store only
+  HandlerFactory make_handler_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::uint16_t port_ = 0;
+
+  std::atomic<bool> stopping_{false};
+  std::mutex mutex_;
+  std::condition_variable stopped_cv_;
+  bool running_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace idemgate::http

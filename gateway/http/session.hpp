@@ -1,0 +1,87 @@
+#pragma once
+// One client connection: HTTP/1.1 keep-alive with pipelining, limits, framing checks, routing,
+// hop-by-hop handling, and the access log (SPEC C01–C07, C16 framing, C32).
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_set>
+
+#include "gateway/config/config.hpp"
+#include "gateway/http/handler.hpp"
+
+namespace idemgate::http {
+
+class Session;
+
+/// What the sessions of one io thread share. Owned by the Server; used on that thread only.
+struct SessionContext {
+  /// The configuration snapshot for the next request (a reload applies to new requests).
+  std::function<std::shared_ptr<const config::Config>()> config;
+  /// The thread's handler; outlives every session of the thread.
+  RequestHandler* handler = nullptr;
+  /// Set when the server stops: no new request is read, responses carry `Connection: close`.
+  bool draining = false;
+  /// The live sessions, for draining.
+  std::unordered_set<Session*> sessions;
+  /// Called after a session has left `sessions` (may be empty).
+  std::function<void()> on_session_end;
+};
+
+/// Serves one client connection until the client closes it, a limit or timeout ends it, or the
+/// server drains.
+///
+/// Per request: waits `idle_timeout` for the first byte between requests (`header_read_timeout`
+/// on a new connection), then `header_read_timeout` for the whole header section (C07); the
+/// body must arrive within `idle_timeout`. Answers itself: 431 over `max_header_bytes`, 413
+/// over `max_request_body` (C04), 400 `bad-framing` for CL with TE, conflicting Content-Length,
+/// or a Transfer-Encoding whose final coding is not chunked, and 400 for other parse errors (C03),
+/// all followed by closing the connection; 404 when no route matches (C01); `100 Continue` for
+/// `Expect: 100-continue` before reading the body (C04; Expect is never forwarded).
+/// The handler gets the decoded body with Content-Length framing, hop-by-hop fields removed,
+/// X-Forwarded-For/-Proto/-Host and Via added (C02), and `Idempotent-Replayed` removed (C16).
+/// Responses get a fresh `Date`, `Via` appended and exactly one framing: Content-Length, none for
+/// 1xx/204/304, and for HEAD the handler's Content-Length without a body (C03, C16). Requests on
+/// one connection are answered in order (C06). An exception from the handler is logged and
+/// answered with 500, then the connection closes. One JSON access line per request (C32).
+///
+/// Thread safety: all members are used on the socket's executor only.
+class Session {
+ public:
+  Session(boost::asio::ip::tcp::socket socket, std::shared_ptr<SessionContext> context);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  /// Serves requests until the connection ends. Never throws for network errors.
+  boost::asio::awaitable<void> run();
+
+  /// Server stop: closes the connection now if it waits for a request, otherwise after the
+  /// response in progress (which gets `Connection: close`).
+  void drain();
+
+  /// Closes the connection now; a request in progress still runs to its end in the handler.
+  void close();
+
+ private:
+  enum class State { idle, busy };
+  boost::asio::awaitable<bool> serve_one(boost::beast::flat_buffer& buffer,
+                                         std::shared_ptr<const config::Config> config);
+  boost::asio::awaitable<void> lingering_close();
+
+  boost::beast::tcp_stream stream_;
+  std::shared_ptr<SessionContext> context_;
+  std::string client_ip_;
+  State state_ = State::idle;
+  bool close_after_response_ = false;
+};
+
+/// Starts a Session on `socket`'s executor; it registers in `context->sessions` while it runs.
+/// An exception escaping the session is logged; it ends only that connection.
+void start_session(boost::asio::ip::tcp::socket socket, std::shared_ptr<SessionContext> context);
+
+}  // namespace idemgate::http

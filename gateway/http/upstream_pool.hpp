@@ -1,0 +1,76 @@
+#pragma once
+// Forwarding to upstream servers over pooled keep-alive connections (SPEC C03, C05, C06, C08,
+// C09), and the plain forwarding RequestHandler.
+
+#include <boost/asio/any_io_executor.hpp>
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "gateway/http/handler.hpp"
+
+namespace idemgate::http {
+
+/// A Forwarder with one keep-alive pool per upstream server. One instance per io thread.
+///
+/// - Servers are used round robin. Only a connect failure (refused, unreachable, past
+///   `connect_timeout`) moves a request to the next server; once a byte was written the request
+///   never goes to another server (C08).
+/// - `request_timeout` covers writing the request and reading the whole response (→ timed_out).
+/// - A pooled connection that fails before the first response byte (write error, EOF or reset)
+///   is retried once on a fresh connection to the same server (C08). Any other failure after
+///   writing → unknown_outcome (or timed_out).
+/// - Responses: 1xx interim responses are skipped; chunked bodies are decoded and trailers
+///   dropped; hop-by-hop fields and `Idempotent-Replayed` (owned by the gateway, C16) are
+///   removed; `Content-Length` is the decoded body size (for HEAD: the upstream's value). A body
+///   over `max_response_body` → unknown_outcome.
+/// - Idle connections are kept up to `max_idle_connections` per upstream and dropped after
+///   `idle_timeout`, or one second before the upstream's `Keep-Alive: timeout=N` if that is
+///   sooner; a connection the upstream already closed is never handed out.
+///
+/// Thread safety: not thread-safe; use from the executor's single thread only. forward() never
+/// throws for network errors. Destroying the pool closes its idle connections; it must outlive
+/// forward() calls in progress.
+class UpstreamPool final : public Forwarder {
+ public:
+  explicit UpstreamPool(boost::asio::any_io_executor executor);
+  ~UpstreamPool() override;
+  UpstreamPool(const UpstreamPool&) = delete;
+  UpstreamPool& operator=(const UpstreamPool&) = delete;
+
+  boost::asio::awaitable<ForwardResult> forward(const config::Upstream& upstream,
+                                                Request request) override;
+
+  /// Idle pooled connections to `upstream` right now (for tests and metrics).
+  std::size_t idle_connections(const std::string& upstream) const;
+
+ private:
+  struct Connection;
+  struct UpstreamState;
+  std::unique_ptr<Connection> take_idle(UpstreamState& state, const std::string& server);
+  void put_idle(UpstreamState& state, const config::Upstream& upstream,
+                std::unique_ptr<Connection> connection);
+
+  boost::asio::any_io_executor executor_;
+  std::map<std::string, std::unique_ptr<UpstreamState>, std::less<>> upstreams_;
+};
+
+/// The response for a ForwardResult that holds none (SPEC C05): not_reached → 502
+/// `upstream-unreachable`, unknown_outcome → 502 `upstream-failed`, timed_out → 504
+/// `upstream-timeout`; problem+json with `result.detail`. For Kind::response, the response itself.
+Response forward_result_response(ForwardResult result);
+
+/// The plain proxy: forwards every request and returns the upstream's response unchanged
+/// (SPEC C09), outcome "passthrough"; upstream failures become problem responses (C05).
+/// Thread safety: one instance per io thread, like its Forwarder.
+class ProxyHandler final : public RequestHandler {
+ public:
+  explicit ProxyHandler(std::shared_ptr<Forwarder> forwarder);
+  boost::asio::awaitable<HandlerResult> handle(Exchange exchange) override;
+
+ private:
+  std::shared_ptr<Forwarder> forwarder_;
+};
+
+}  // namespace idemgate::http
