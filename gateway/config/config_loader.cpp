@@ -230,7 +230,8 @@ Map::Map(const Loader& loader, const Field& self, std::initializer_list<std::str
     : loader_(loader), self_(self) {
   if (!self.node.IsMap()) loader.fail(self, "expected a mapping, " + describe(self.node));
   for (auto it = self.node.begin(); it != self.node.end(); ++it) {
-    const YAML::Node& key = it->first;
+    // Copies: the iterator hands out a proxy that dies with the expression.
+    const YAML::Node key = it->first;
     const int key_line = key.Mark().line + 1;
     if (!key.IsScalar()) loader.fail(key_line, self.path, "a key must be a plain name");
     const std::string name = key.Scalar();
@@ -247,7 +248,7 @@ Map::Map(const Loader& loader, const Field& self, std::initializer_list<std::str
     }
     // A scalar is reported where it stands. A mapping or list is reported on its key's line, where
     // a reader looks for it; an empty value's mark would point at the next token anyway.
-    const YAML::Node& value = it->second;
+    const YAML::Node value = it->second;
     const int line = value.IsScalar() && !value.Mark().is_null() ? value.Mark().line + 1 : key_line;
     entries_.emplace_back(name, Field{value, path, line});
   }
