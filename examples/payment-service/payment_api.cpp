@@ -4,6 +4,8 @@
 #include <boost/json/serialize.hpp>
 #include <thread>
 
+#include "examples/payment-service/json_log.hpp"
+
 namespace idemgate::examples::payment {
 namespace {
 
@@ -32,6 +34,7 @@ boost::json::object to_json(const Payment& p) {
 }
 
 Response unavailable(const StoreFailure& failure) {
+  log_json(spdlog::level::warn, "postgres failed", {{"error", failure.detail}});
   Response res = problem(503, "store-unavailable", "Service Unavailable",
                          "The payment database failed: " + failure.detail);
   res.set(http::field::retry_after, "1");

@@ -19,8 +19,9 @@ constexpr const char* kColumns =
 // Any constant works; it only has to be the same in every instance of the service.
 constexpr const char* kSchemaLockKey = "7310012460319417344";
 
-const std::string kSchema =
-    std::string("BEGIN;") + "SELECT pg_advisory_xact_lock(" + kSchemaLockKey + ");" + R"sql(
+// client_min_messages: the "already exists, skipping" notices of every start are noise.
+const std::string kSchema = std::string("SET client_min_messages = warning; BEGIN;") +
+                            "SELECT pg_advisory_xact_lock(" + kSchemaLockKey + ");" + R"sql(
 CREATE TABLE IF NOT EXISTS payment (
     id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     order_id            text          NOT NULL,

@@ -75,6 +75,14 @@ struct PaymentService {
                 .string()),
         child(options(port, log_path, dsn, std::move(extra))) {}
 
+  ~PaymentService() {
+    child.stop();
+    std::error_code ignored;
+    std::filesystem::remove(log_path, ignored);
+  }
+  PaymentService(const PaymentService&) = delete;
+  PaymentService& operator=(const PaymentService&) = delete;
+
   // Separate from construction so several instances can be started before any is awaited.
   void await_ready() {
     if (!idemgate::test::wait_for_port(kHost, port, std::chrono::seconds(30), &child))
@@ -475,6 +483,29 @@ BOOST_AUTO_TEST_CASE(sigterm_exits_0_and_every_stderr_line_is_json) {
   }
   for (const char* expected : {"listening", "request", "stopping", "stopped"})
     BOOST_TEST(messages.count(expected) == 1u, expected);
+}
+
+BOOST_AUTO_TEST_CASE(sigterm_lets_an_in_flight_post_finish_then_exits_0) {
+  PaymentService service({"--delay-ms", "1000"});
+  service.await_ready();
+  const std::string body = payment_body("stripe", unique("drain"));
+  HttpConnection in_flight(kHost, service.port);
+  in_flight.send_raw(
+      "POST /payments HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body);
+  // The service counts the POST before its delay: once counted, the request is in flight.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (counter(service.stats(), "payment_posts") == 0) {
+    BOOST_TEST_REQUIRE((std::chrono::steady_clock::now() < deadline));
+    std::this_thread::yield();
+  }
+  service.child.signal(SIGTERM);
+
+  const HttpResponse res = in_flight.read_response();
+  BOOST_TEST(res.status == 201u, res.body);
+  BOOST_TEST(!res.keep_alive);
+  BOOST_TEST(service.child.wait_for(std::chrono::seconds(30)).value_or(-1) == 0);
 }
 
 BOOST_AUTO_TEST_CASE(bad_arguments_exit_2_and_unreachable_database_exits_1) {
