@@ -746,16 +746,17 @@ void Loader::idempotency(const Field& f, Route& route) {
   }
   const auto wait_timeout = m.get("wait_timeout");
   if (wait_timeout) idem.wait_timeout = duration(*wait_timeout, 10ms, 20min);
-  // A waiter past two lock periods is behind either a slow upstream (whose own retry answer is
-  // the 409 with Retry-After) or a held unknown outcome that would have expired within one.
+  // A held unknown outcome (C22) lapses within one lock_ttl; a waiter still blocked after two is
+  // behind a slow upstream whose lock keeps being renewed, and a 409 with Retry-After serves the
+  // client better than a connection held open (conf/REFERENCE.md).
   if (idem.concurrency == Concurrency::wait && idem.wait_timeout > 2 * idem.lock_ttl) {
-    const std::string problem = "wait_timeout " + format_duration(idem.wait_timeout) +
-                                " exceeds 2 x lock_ttl (" + format_duration(2 * idem.lock_ttl) +
-                                ")";
-    if (wait_timeout)
-      fail(*wait_timeout, "must not exceed 2 x lock_ttl (" + format_duration(2 * idem.lock_ttl) +
-                              "), got " + format_duration(idem.wait_timeout));
-    fail(concurrency->line, join(f.path, "wait_timeout"), problem + "; set wait_timeout");
+    const std::string bound = format_duration(2 * idem.lock_ttl);
+    const std::string value = format_duration(idem.wait_timeout);
+    if (wait_timeout) {
+      fail(*wait_timeout, "must not exceed 2 x lock_ttl (" + bound + "), got " + value);
+    }
+    fail(concurrency->line, join(f.path, "wait_timeout"),
+         "wait_timeout " + value + " exceeds 2 x lock_ttl (" + bound + "); set wait_timeout");
   }
   if (auto v = m.get("store_statuses")) {
     std::string error;
