@@ -314,8 +314,9 @@ asio::awaitable<boost::system::result<Reply>> RedisConnection::execute(
     }
   }
   if (!op->outcome) {
-    // Past the deadline. A late reply would be taken for the next command's, so the connection
-    // goes; the next command opens a new one.
+    // Past the deadline: the connection may be dead or half-open, and replies are FIFO, so all
+    // commands queued behind this one would wait for the missing reply too. It goes; the next
+    // command opens a new one.
     session->close(store_errc::timed_out);
     co_return make_error_code(store_errc::timed_out);
   }

@@ -46,8 +46,9 @@ struct Reply {
 ///
 /// Deadlines: every command ends within `operation_timeout` of being issued, connecting
 /// included. A command that misses its deadline returns `store_errc::timed_out` and the
-/// connection is torn down (replies are FIFO, so a late reply would be taken for the next
-/// command's); the commands still in flight on it end with `timed_out` too.
+/// connection is torn down: it may be dead or half-open, and replies are FIFO, so every command
+/// queued behind the missing reply would wait for it too. The commands still in flight on it end
+/// with `timed_out` as well; the next command opens a new connection.
 ///
 /// Errors: `store_errc::unavailable` (cannot connect, connection lost; a command may or may not
 /// have run), `timed_out`, `protocol` (AUTH or SELECT refused). A Redis error reply (`-ERR ...`)
@@ -69,7 +70,9 @@ class RedisConnection {
   RedisConnection& operator=(const RedisConnection&) = delete;
 
   /// Sends one command, given as its binary-safe arguments (`{"SET", key, value}`), and waits
-  /// for its reply. Errors as in the class comment.
+  /// for its reply. Errors as in the class comment. If the awaiting coroutine is cancelled
+  /// (per-operation cancellation), returns `asio::error::operation_aborted` at once; the command
+  /// stays in flight and its reply is dropped.
   boost::asio::awaitable<boost::system::result<Reply>> execute(std::vector<std::string> argv);
 
   /// `execute` with the arguments spelled out: `command("PEXPIRE", key, "100")`.
@@ -85,9 +88,9 @@ class RedisConnection {
   /// Number of connections opened so far (the first one included); for metrics and tests.
   std::uint64_t connect_count() const noexcept { return connect_count_; }
 
-  class Session;  // one hiredis context; implementation detail
-
  private:
+  class Session;  // one hiredis context and its Asio hooks
+
   std::shared_ptr<Session> session();
 
   boost::asio::any_io_executor executor_;

@@ -19,6 +19,7 @@
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <random>
+#include <source_location>
 #include <string>
 
 #include "gateway/core/hash.hpp"
@@ -49,19 +50,25 @@ inline bool value_of(const boost::system::result<bool>& r) {
 
 /// Awaits `op` and checks its answer; `step` names it in a failure. (The co_await stays out of
 /// the Boost.Test macros: GCC 12 mishandles some temporaries around co_await in them.)
-inline boost::asio::awaitable<void> expect(boost::asio::awaitable<boost::system::result<bool>> op,
-                                           bool expected, std::string step) {
+inline boost::asio::awaitable<void> expect(
+    boost::asio::awaitable<boost::system::result<bool>> op, bool expected, std::string step,
+    std::source_location where = std::source_location::current()) {
   const auto r = co_await std::move(op);
   const bool got = value_of(r);
-  BOOST_CHECK_MESSAGE(got == expected, step << ": expected " << expected << ", got " << got);
+  BOOST_CHECK_MESSAGE(got == expected, where.file_name()
+                                           << ":" << where.line() << ": " << step << ": expected "
+                                           << expected << ", got " << got);
 }
 
 /// As `expect`, but a wrong answer ends the case (later steps depend on it).
-inline boost::asio::awaitable<void> require(boost::asio::awaitable<boost::system::result<bool>> op,
-                                            bool expected, std::string step) {
+inline boost::asio::awaitable<void> require(
+    boost::asio::awaitable<boost::system::result<bool>> op, bool expected, std::string step,
+    std::source_location where = std::source_location::current()) {
   const auto r = co_await std::move(op);
   const bool got = value_of(r);
-  BOOST_REQUIRE_MESSAGE(got == expected, step << ": expected " << expected << ", got " << got);
+  BOOST_REQUIRE_MESSAGE(got == expected, where.file_name()
+                                             << ":" << where.line() << ": " << step << ": expected "
+                                             << expected << ", got " << got);
 }
 
 template <class Fixture>

@@ -1,4 +1,7 @@
 #define BOOST_TEST_MODULE redis_connection_redis_test
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <optional>
@@ -156,6 +159,56 @@ BOOST_AUTO_TEST_CASE(commands_in_flight_end_when_the_connection_is_destroyed) {
   BOOST_REQUIRE(blocked.has_value());
   BOOST_REQUIRE(!blocked->has_value());
   BOOST_CHECK(blocked->error() == store_errc::unavailable);
+}
+
+// A caller that stops waiting (its coroutine is cancelled) gets operation_aborted; the command
+// stays in flight, and its reply is dropped rather than given to the next command.
+BOOST_AUTO_TEST_CASE(a_cancelled_caller_leaves_the_connection_in_reply_order) {
+  RedisConnection connection{io.get_executor(), options};
+  RedisConnection side{io.get_executor(), options};
+  run([](RedisConnection* c, RedisConnection* other) -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    const auto key = random_key();
+    const auto warm = co_await reply_of(c->command("PING"));
+    BOOST_REQUIRE(warm.is_status("PONG"));
+
+    // BLPOP on an empty list does not answer; the caller gives up when its own timer fires.
+    asio::steady_timer give_up(co_await asio::this_coro::executor, 50ms);
+    auto raced =
+        co_await (c->command("BLPOP", key, "0") || give_up.async_wait(asio::use_awaitable));
+    BOOST_REQUIRE_EQUAL(raced.index(), 1u);
+
+    // Unblock the BLPOP; its reply must be dropped, and the next command get its own.
+    const auto pushed = co_await reply_of(other->command("RPUSH", key, "value"));
+    BOOST_CHECK_EQUAL(pushed.integer, 1);
+    const auto echoed = co_await reply_of(c->command("ECHO", "mine"));
+    BOOST_CHECK_EQUAL(echoed.str, "mine");
+    BOOST_CHECK_EQUAL(c->connect_count(), 1u);
+  }(&connection, &side));
+}
+
+// The cancelled command itself reports operation_aborted.
+BOOST_AUTO_TEST_CASE(a_cancelled_command_reports_operation_aborted) {
+  RedisConnection connection{io.get_executor(), options};
+  asio::cancellation_signal cancel;
+  std::optional<boost::system::result<Reply>> blocked;
+  const auto key = random_key();
+  asio::co_spawn(
+      io,
+      [](RedisConnection* c, std::string k,
+         std::optional<boost::system::result<Reply>>* out) -> asio::awaitable<void> {
+        *out = co_await c->command("BLPOP", k, "0");
+      }(&connection, key, &blocked),
+      asio::bind_cancellation_slot(cancel.slot(), [&](std::exception_ptr e) {
+        if (e) std::rethrow_exception(e);
+        io.stop();
+      }));
+  // Cancel once the command is issued (the spawned coroutine runs first).
+  asio::post(io, [&] { cancel.emit(asio::cancellation_type::terminal); });
+  io.run();
+  BOOST_REQUIRE(blocked.has_value());
+  BOOST_REQUIRE(!blocked->has_value());
+  BOOST_CHECK(blocked->error() == asio::error::operation_aborted);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
