@@ -144,7 +144,8 @@ asio::awaitable<void> Session::run() {
     state_ = State::busy;
     const bool keep_alive = co_await serve_one(buffer, config);
     if (!keep_alive) {
-      co_await lingering_close();
+      // Input may still be on its way after a rejected request or behind a last pipelined one.
+      if (reject_pending_input_ || buffer.size() > 0) co_await lingering_close();
       break;
     }
   }
@@ -231,6 +232,7 @@ asio::awaitable<bool> Session::serve_one(beast::flat_buffer& buffer,
   head = request.method() == bhttp::verb::head;
 
   if (reject) {
+    reject_pending_input_ = true;
     result.response = make_problem(*reject, std::move(reject_detail), version, false);
     result.outcome = "rejected";
   } else {

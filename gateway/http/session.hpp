@@ -78,6 +78,7 @@ class Session {
   std::string client_ip_;
   State state_ = State::idle;
   bool close_after_response_ = false;
+  bool reject_pending_input_ = false;  ///< a rejected request's rest may still be arriving
 };
 
 /// Starts a Session on `socket`'s executor; it registers in `context->sessions` while it runs.

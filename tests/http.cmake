@@ -1,0 +1,4 @@
+# HTTP shell: router and header rules (unit), the proxy over real loopback sockets (e2e, no stores).
+idemgate_test(router_test unit SOURCES unit/router_test.cpp LIBS idemgate_http)
+idemgate_test(headers_test unit SOURCES unit/headers_test.cpp LIBS idemgate_http)
+idemgate_test(proxy_e2e_test e2e SOURCES http/proxy_e2e_test.cpp LIBS idemgate_http)

@@ -1,0 +1,146 @@
+// Hop-by-hop stripping, forwarding fields, list helpers and dates (SPEC C02, C08, C16).
+#define BOOST_TEST_MODULE headers
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "gateway/http/headers.hpp"
+#include "gateway/http/problem.hpp"
+
+namespace http = idemgate::http;
+
+namespace {
+
+std::vector<std::string> dump(const http::Fields& fields) {
+  std::vector<std::string> out;
+  for (const auto& f : fields)
+    out.push_back(std::string(f.name_string()) + ": " + std::string(f.value()));
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C02_strips_fixed_hop_by_hop_fields_and_keeps_the_rest_in_order) {
+  http::Fields f;
+  f.insert("Host", "example.com:8080");
+  f.insert("X-A", "1");
+  f.insert("Keep-Alive", "timeout=5");
+  f.insert("Proxy-Connection", "keep-alive");
+  f.insert("TE", "trailers");
+  f.insert("X-A", "2");
+  f.insert("Trailer", "X-Checksum");
+  f.insert("Transfer-Encoding", "chunked");
+  f.insert("Upgrade", "h2c");
+  f.insert("Proxy-Authorization", "Basic Zm9vOmJhcg==");
+  f.insert("Proxy-Authenticate", "Basic");
+  f.insert("Set-Cookie", "a=1");
+  f.insert("X-A", "3");
+  f.insert("Set-Cookie", "b=2");
+  http::strip_hop_by_hop(f);
+  // Beast keeps one name's fields together, in arrival order (RFC 9110 §5.3: the order between
+  // different names carries no meaning).
+  const std::vector<std::string> expected = {
+      "Host: example.com:8080", "X-A: 1", "X-A: 2", "X-A: 3", "Set-Cookie: a=1", "Set-Cookie: b=2"};
+  BOOST_TEST(dump(f) == expected, boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(spec_C02_strips_every_field_named_by_connection_across_repeated_fields) {
+  http::Fields f;
+  f.insert("Connection", "keep-alive, X-Secret");
+  f.insert("x-secret", "s");
+  f.insert("Connection", " X-Other ,, close");
+  f.insert("X-Other", "o");
+  f.insert("X-Kept", "k");
+  http::strip_hop_by_hop(f);
+  const std::vector<std::string> expected = {"X-Kept: k"};
+  BOOST_TEST(dump(f) == expected, boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(spec_C02_host_survives_even_when_connection_names_it) {
+  http::Fields f;
+  f.insert("Host", "example.com");
+  f.insert("Connection", "Host");
+  http::strip_hop_by_hop(f);
+  BOOST_TEST(f["Host"] == "example.com");
+  BOOST_TEST(f.count("Connection") == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C02_forwarding_fields_append_xff_and_via_and_copy_host) {
+  http::Fields f;
+  f.insert("Host", "shop.example:8443");
+  f.insert("X-Forwarded-For", "203.0.113.7");
+  f.insert("X-Forwarded-For", "198.51.100.1");
+  f.insert("X-Forwarded-Proto", "gopher");
+  f.insert("Via", "1.0 edge");
+  http::add_forwarding_fields(f, "127.0.0.1", "http");
+  BOOST_TEST(f["X-Forwarded-For"] == "203.0.113.7, 198.51.100.1, 127.0.0.1");
+  BOOST_TEST(f.count("X-Forwarded-For") == 1u);
+  BOOST_TEST(f["X-Forwarded-Proto"] == "http");
+  BOOST_TEST(f["X-Forwarded-Host"] == "shop.example:8443");
+  BOOST_TEST(f["Via"] == "1.0 edge, 1.1 idemgate");
+  BOOST_TEST(f["Host"] == "shop.example:8443");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C02_forwarding_fields_without_prior_values_or_host) {
+  http::Fields f;
+  f.insert("X-Forwarded-Host", "spoofed");
+  http::add_forwarding_fields(f, "::1", "http");
+  BOOST_TEST(f["X-Forwarded-For"] == "::1");
+  BOOST_TEST(f.count("X-Forwarded-Host") == 0u);
+  BOOST_TEST(f["Via"] == "1.1 idemgate");
+}
+
+BOOST_AUTO_TEST_CASE(list_tokens_trims_and_drops_empty_elements) {
+  http::Fields f;
+  f.insert("Cache-Control", " no-cache ,, max-age=0");
+  f.insert("X-Other", "x");
+  f.insert("cache-control", "private");
+  const std::vector<std::string> expected = {"no-cache", "max-age=0", "private"};
+  BOOST_TEST(http::list_tokens(f, "Cache-Control") == expected, boost::test_tools::per_element());
+  BOOST_TEST(http::has_token(f, "Cache-Control", "PRIVATE"));
+  BOOST_TEST(!http::has_token(f, "Cache-Control", "public"));
+}
+
+BOOST_AUTO_TEST_CASE(spec_C08_keep_alive_timeout_parameter_is_read) {
+  http::Fields f;
+  f.insert("Keep-Alive", "max=100, timeout=5");
+  BOOST_REQUIRE(http::keep_alive_timeout(f).has_value());
+  BOOST_TEST(http::keep_alive_timeout(f)->count() == 5);
+  http::Fields quoted;
+  quoted.insert("Keep-Alive", "timeout=\"7\"");
+  BOOST_TEST(http::keep_alive_timeout(quoted)->count() == 7);
+  http::Fields none;
+  none.insert("Keep-Alive", "max=3");
+  BOOST_TEST(!http::keep_alive_timeout(none).has_value());
+  http::Fields bad;
+  bad.insert("Keep-Alive", "timeout=soon");
+  BOOST_TEST(!http::keep_alive_timeout(bad).has_value());
+}
+
+BOOST_AUTO_TEST_CASE(host_without_port_handles_names_and_ipv6) {
+  BOOST_TEST(http::host_without_port("example.com:80") == "example.com");
+  BOOST_TEST(http::host_without_port("example.com") == "example.com");
+  BOOST_TEST(http::host_without_port("[::1]:8080") == "[::1]");
+  BOOST_TEST(http::host_without_port("[::1]") == "[::1]");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C16_date_is_imf_fixdate) {
+  // 784111777 = Sun, 06 Nov 1994 08:49:37 GMT (the RFC 9110 example).
+  const auto t = std::chrono::system_clock::from_time_t(784111777);
+  BOOST_TEST(http::format_http_date(t) == "Sun, 06 Nov 1994 08:49:37 GMT");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C33_problem_responses_carry_type_title_status_detail) {
+  auto res = http::make_problem(http::Problem::route_not_found, "no route for GET /x", 11, true);
+  BOOST_TEST(res.result_int() == 404u);
+  BOOST_TEST(res[boost::beast::http::field::content_type] == "application/problem+json");
+  BOOST_TEST(
+      res.body() ==
+      R"({"type":"https://idemgate.dev/problems/route-not-found","title":"No route matches the request","status":404,"detail":"no route for GET /x"})");
+  BOOST_TEST(res[boost::beast::http::field::content_length] == std::to_string(res.body().size()));
+  auto mismatch = http::make_problem_with_status(http::Problem::key_mismatch, 409, "d", 11, false);
+  BOOST_TEST(mismatch.result_int() == 409u);
+  BOOST_TEST(mismatch.body().find("\"status\":409") != std::string::npos);
+  BOOST_TEST(!mismatch.keep_alive());
+}
