@@ -1,0 +1,85 @@
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/system/result.hpp>
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "storage/pg/pg_connection.hpp"
+
+namespace idemgate::storage::pg {
+
+/// Up to `max_connections` PgConnections for one io thread. Connections are opened lazily, on
+/// demand; an idle connection is checked (PgConnection::probe_idle) before it is handed out, and a
+/// broken one, or one whose user stopped waiting mid-statement, is discarded and its slot freed,
+/// so the pool reconnects by itself after a Postgres restart (SPEC C25). When every slot is in
+/// use, acquire() waits for a returned connection until its deadline.
+///
+/// @par Thread safety
+/// None: one pool per io_context, used only from that io_context's thread. Leases may outlive
+/// the pool (their connection is then closed on release).
+class PgPool {
+ public:
+  struct Options {
+    std::string dsn;
+    std::size_t max_connections = 1;
+    std::chrono::milliseconds operation_timeout{2000};  ///< deadline of each store operation
+    /// Server-side `statement_timeout` sent with each connection: a safety net that ends work
+    /// a timed-out client left behind. Zero: operation_timeout + 1 s.
+    std::chrono::milliseconds statement_timeout{0};
+  };
+
+  /// A connection on loan. Destroying the lease gives the connection back, or discards it when
+  /// it is broken or was left mid-operation.
+  class Lease {
+   public:
+    Lease(Lease&& other) noexcept = default;
+    Lease& operator=(Lease&&) = delete;
+    ~Lease();
+
+    PgConnection& operator*() const noexcept { return *connection_; }
+    PgConnection* operator->() const noexcept { return connection_.get(); }
+
+   private:
+    friend class PgPool;
+    struct Shared;
+    Lease(std::weak_ptr<Shared> pool, std::unique_ptr<PgConnection> connection) noexcept;
+
+    std::weak_ptr<Shared> pool_;
+    std::unique_ptr<PgConnection> connection_;
+  };
+
+  PgPool(boost::asio::any_io_executor executor, Options options);
+  ~PgPool();
+  PgPool(const PgPool&) = delete;
+  PgPool& operator=(const PgPool&) = delete;
+
+  /// now + operation_timeout: the deadline for one store operation started now.
+  Deadline deadline() const;
+
+  /// A connected connection, by `deadline`. Errors: `unavailable` (connect failed),
+  /// `timed_out` (no connection became free, or connecting took too long).
+  boost::asio::awaitable<boost::system::result<Lease>> acquire(Deadline deadline);
+
+  /// acquire() + PgConnection::execute under one deadline (now + operation_timeout).
+  boost::asio::awaitable<boost::system::result<PgResult>> execute(Statement statement,
+                                                                  std::vector<Param> params);
+
+  /// acquire() + PgConnection::query under one deadline (now + operation_timeout).
+  boost::asio::awaitable<boost::system::result<PgResult>> query(std::string sql,
+                                                                std::vector<Param> params);
+
+  const Options& options() const noexcept;
+  /// Connections open or being opened, on loan or idle.
+  std::size_t open_connections() const noexcept;
+  std::size_t idle_connections() const noexcept;
+
+ private:
+  std::shared_ptr<Lease::Shared> shared_;
+};
+
+}  // namespace idemgate::storage::pg
