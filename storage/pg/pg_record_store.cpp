@@ -1,1 +1,193 @@
-// placeholder until implemented
+#include "storage/pg/pg_record_store.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace idemgate::storage::pg {
+namespace {
+
+namespace asio = boost::asio;
+using core::store_errc;
+
+constexpr Statement kFindLive{
+    "idemgate_find_record",
+    "SELECT route, fingerprint, status, headers, body, body_omitted, created_at, expires_at"
+    " FROM idempotency_record WHERE id = $1 AND expires_at > now()"};
+
+// DO UPDATE … WHERE rather than DO NOTHING: an expired row still holds the id until the cleaner
+// deletes it, and must not block a new record (C24). A live row is left alone and no row is
+// returned (C36).
+constexpr Statement kInsert{
+    "idemgate_insert_record",
+    "INSERT INTO idempotency_record AS r"
+    " (id, route, fingerprint, status, headers, body, body_omitted, expires_at)"
+    " VALUES ($1, $2, $3, $4::int4, $5, $6, $7::bool,"
+    "         now() + $8::bigint * interval '1 millisecond')"
+    " ON CONFLICT (id) DO UPDATE SET route = EXCLUDED.route, fingerprint = EXCLUDED.fingerprint,"
+    "  status = EXCLUDED.status, headers = EXCLUDED.headers, body = EXCLUDED.body,"
+    "  body_omitted = EXCLUDED.body_omitted, created_at = EXCLUDED.created_at,"
+    "  expires_at = EXCLUDED.expires_at"
+    " WHERE r.expires_at <= now()"
+    " RETURNING created_at, expires_at"};
+
+// The batch is picked once (a MATERIALIZED CTE): an IN (subquery … LIMIT) may be rescanned per
+// outer row and then deletes more than the batch. SKIP LOCKED leaves rows an insert is
+// replacing right now for the next round; the outer expires_at check keeps a row that was
+// replaced between the pick and the delete.
+constexpr Statement kDeleteExpired{"idemgate_delete_expired_records",
+                                   "WITH batch AS MATERIALIZED ("
+                                   "  SELECT id FROM idempotency_record WHERE expires_at <= now()"
+                                   "  ORDER BY expires_at LIMIT $1::int4 FOR UPDATE SKIP LOCKED)"
+                                   " DELETE FROM idempotency_record r USING batch"
+                                   " WHERE r.id = batch.id AND r.expires_at <= now()"};
+
+constexpr char kHeadersFormat = 1;
+
+std::string bytes_of(const core::Sha256& digest) {
+  return {reinterpret_cast<const char*>(digest.data()), digest.size()};
+}
+
+void append_length(std::string& out, std::size_t length) {
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    out.push_back(static_cast<char>((length >> shift) & 0xff));
+  }
+}
+
+std::string encode_headers(const std::vector<core::HeaderField>& headers) {
+  std::size_t size = 1;
+  for (const auto& [name, value] : headers) size += 8 + name.size() + value.size();
+  std::string out;
+  out.reserve(size);
+  out.push_back(kHeadersFormat);
+  for (const auto& [name, value] : headers) {
+    append_length(out, name.size());
+    out += name;
+    append_length(out, value.size());
+    out += value;
+  }
+  return out;
+}
+
+std::optional<std::string_view> take_field(std::string_view& in) {
+  if (in.size() < 4) return std::nullopt;
+  std::size_t length = 0;
+  for (int i = 0; i < 4; ++i) length = (length << 8) | static_cast<unsigned char>(in[i]);
+  in.remove_prefix(4);
+  if (in.size() < length) return std::nullopt;
+  const auto field = in.substr(0, length);
+  in.remove_prefix(length);
+  return field;
+}
+
+std::optional<std::vector<core::HeaderField>> decode_headers(std::string_view in) {
+  if (in.empty() || in[0] != kHeadersFormat) return std::nullopt;
+  in.remove_prefix(1);
+  std::vector<core::HeaderField> headers;
+  while (!in.empty()) {
+    const auto name = take_field(in);
+    if (!name) return std::nullopt;
+    const auto value = take_field(in);
+    if (!value) return std::nullopt;
+    headers.emplace_back(std::string(*name), std::string(*value));
+  }
+  return headers;
+}
+
+// One row of kFindLive.
+boost::system::result<core::StoredRecord> decode_record(const PgResult& rows, int row,
+                                                        const core::Sha256& id) {
+  if (rows.columns() != 8) return store_errc::protocol;
+  core::StoredRecord record;
+  record.id = id;
+  record.route = std::string(rows.bytes(row, 0));
+  const auto fingerprint = rows.bytes(row, 1);
+  const auto status = rows.int4(row, 2);
+  auto headers = decode_headers(rows.bytes(row, 3));
+  const auto omitted = rows.boolean(row, 5);
+  const auto created = rows.timestamptz(row, 6);
+  const auto expires = rows.timestamptz(row, 7);
+  if (fingerprint.size() != record.fingerprint.size() || !status || *status < 100 ||
+      *status > 599 || !headers || !omitted || !created || !expires) {
+    spdlog::error("postgres: malformed idempotency_record row");
+    return store_errc::protocol;
+  }
+  std::copy(fingerprint.begin(), fingerprint.end(), record.fingerprint.begin());
+  record.response.status = static_cast<std::uint16_t>(*status);
+  record.response.headers = std::move(*headers);
+  record.response.body = std::string(rows.bytes(row, 4));
+  record.response.body_omitted = *omitted;
+  record.created_at = *created;
+  record.expires_at = *expires;
+  return record;
+}
+
+std::vector<Param> insert_params(const core::StoredRecord& record, std::chrono::milliseconds ttl) {
+  std::vector<Param> params;
+  params.reserve(8);
+  params.push_back(Param::bytes(bytes_of(record.id)));
+  params.push_back(Param::text(record.route));
+  params.push_back(Param::bytes(bytes_of(record.fingerprint)));
+  params.push_back(Param::text(std::to_string(record.response.status)));
+  params.push_back(Param::bytes(encode_headers(record.response.headers)));
+  params.push_back(Param::bytes(record.response.body));
+  params.push_back(Param::text(record.response.body_omitted ? "true" : "false"));
+  params.push_back(Param::text(std::to_string(ttl.count())));
+  return params;
+}
+
+}  // namespace
+
+asio::awaitable<boost::system::result<std::optional<core::StoredRecord>>> PgRecordStore::find(
+    core::Sha256 id) {
+  std::vector<Param> params;
+  params.push_back(Param::bytes(bytes_of(id)));
+  auto rows = co_await pool_.execute(kFindLive, std::move(params));
+  if (!rows) co_return rows.error();
+  if (rows->rows() == 0) co_return std::optional<core::StoredRecord>{};
+  auto record = decode_record(*rows, 0, id);
+  if (!record) co_return record.error();
+  co_return std::optional<core::StoredRecord>(std::move(*record));
+}
+
+asio::awaitable<boost::system::result<core::InsertResult>> PgRecordStore::insert(
+    core::StoredRecord record, std::chrono::milliseconds ttl) {
+  const Deadline deadline = pool_.deadline();
+  auto lease = co_await pool_.acquire(deadline);
+  if (!lease) co_return lease.error();
+  PgConnection& connection = **lease;
+  const std::vector<Param> params = insert_params(record, ttl);
+
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::vector<Param> attempt_params = params;
+    auto inserted = co_await connection.execute(kInsert, std::move(attempt_params), deadline);
+    if (!inserted) co_return inserted.error();
+    if (inserted->rows() == 1) co_return core::InsertResult{true, std::nullopt};
+
+    std::vector<Param> id_param;
+    id_param.push_back(params[0]);
+    auto existing = co_await connection.execute(kFindLive, std::move(id_param), deadline);
+    if (!existing) co_return existing.error();
+    if (existing->rows() == 1) {
+      auto winner = decode_record(*existing, 0, record.id);
+      if (!winner) co_return winner.error();
+      co_return core::InsertResult{false, std::move(*winner)};
+    }
+    // The live row that blocked the insert expired or was deleted in between: insert again.
+  }
+  spdlog::warn("postgres: insert kept losing races for one idempotency_record id");
+  co_return store_errc::conflict;
+}
+
+asio::awaitable<boost::system::result<std::int64_t>> PgRecordStore::delete_expired(int batch) {
+  std::vector<Param> params;
+  params.push_back(Param::text(std::to_string(std::max(batch, 1))));
+  auto deleted = co_await pool_.execute(kDeleteExpired, std::move(params));
+  if (!deleted) co_return deleted.error();
+  co_return deleted->affected_rows();
+}
+
+}  // namespace idemgate::storage::pg

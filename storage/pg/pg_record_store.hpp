@@ -1,0 +1,48 @@
+#pragma once
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/system/result.hpp>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+
+#include "gateway/core/record_store.hpp"
+#include "storage/pg/pg_pool.hpp"
+
+namespace idemgate::storage::pg {
+
+/// core::RecordStore on the `idempotency_record` table (storage/migrations/001). Expiry is
+/// judged by the database clock: expires_at = now() + ttl is computed in SQL, and a row is live
+/// while expires_at > now(), so gateways with skewed clocks agree (C24). Each operation runs on
+/// one pooled connection and ends within the pool's operation_timeout, with the error contract
+/// of core::RecordStore; insert() may also return `conflict` if it keeps losing races against
+/// concurrent writers of the same id (three attempts).
+///
+/// @par Thread safety
+/// As PgPool: one store per io thread, over that thread's pool, which must outlive it.
+class PgRecordStore final : public core::RecordStore {
+ public:
+  explicit PgRecordStore(PgPool& pool) : pool_(pool) {}
+
+  /// `SELECT … WHERE id = $1 AND expires_at > now()`.
+  boost::asio::awaitable<boost::system::result<std::optional<core::StoredRecord>>> find(
+      core::Sha256 id) override;
+
+  /// `INSERT … ON CONFLICT (id) DO UPDATE … WHERE expires_at <= now()`: replaces only an
+  /// expired row. When a live row blocks the insert, it is read and returned (C36).
+  /// After `timed_out` the row may still have been written (the server can finish a statement
+  /// its client gave up on); inserting the same record again then returns inserted = false
+  /// with that record.
+  boost::asio::awaitable<boost::system::result<core::InsertResult>> insert(
+      core::StoredRecord record, std::chrono::milliseconds ttl) override;
+
+  /// Deletes up to `batch` expired rows (rows locked by a concurrent writer are skipped) and
+  /// returns how many it deleted, so a cleaner can repeat until it gets fewer than `batch`
+  /// without holding long locks (C24). Idempotent.
+  boost::asio::awaitable<boost::system::result<std::int64_t>> delete_expired(int batch);
+
+ private:
+  PgPool& pool_;
+};
+
+}  // namespace idemgate::storage::pg
