@@ -1,0 +1,415 @@
+// PgRecordStore, PgPool, PgConnection and the migrations against a real Postgres
+// (IDEMGATE_PG_DSN; the suite fails when it is not set).
+#define BOOST_TEST_MODULE record_store_pg
+#include <libpq-fe.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "gateway/core/errors.hpp"
+#include "storage/pg/migrations.hpp"
+#include "storage/pg/pg_connection.hpp"
+#include "storage/pg/pg_pool.hpp"
+#include "storage/pg/pg_record_store.hpp"
+#include "tests/storage/record_store_fixtures.hpp"
+
+namespace idemgate::testing {
+
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+using core::store_errc;
+using storage::pg::Param;
+using storage::pg::PgConnection;
+using storage::pg::PgPool;
+
+std::string pg_dsn() {
+  const char* dsn = std::getenv("IDEMGATE_PG_DSN");
+  if (!dsn || !*dsn) {
+    throw std::runtime_error("IDEMGATE_PG_DSN is not set; start stores with scripts/local-stores");
+  }
+  return dsn;
+}
+
+boost::system::error_code code(store_errc e) {
+  return make_error_code(e);
+}
+
+std::string bytes_of(const core::Sha256& digest) {
+  return {reinterpret_cast<const char*>(digest.data()), digest.size()};
+}
+
+storage::pg::Deadline soon() {
+  return std::chrono::steady_clock::now() + 10s;
+}
+
+/// Blocking one-off statement on a fresh connection (test set-up only); returns the first value
+/// of the first row, or "" when there is none.
+std::string exec_blocking(const std::string& dsn, const std::string& sql) {
+  std::unique_ptr<PGconn, decltype(&PQfinish)> conn(PQconnectdb(dsn.c_str()), &PQfinish);
+  if (PQstatus(conn.get()) != CONNECTION_OK) {
+    throw std::runtime_error(std::string("connect: ") + PQerrorMessage(conn.get()));
+  }
+  PQsetNoticeProcessor(
+      conn.get(), [](void*, const char*) {}, nullptr);
+  std::unique_ptr<PGresult, decltype(&PQclear)> result(PQexec(conn.get(), sql.c_str()), &PQclear);
+  const auto status = PQresultStatus(result.get());
+  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+    throw std::runtime_error(sql + ": " + PQresultErrorMessage(result.get()));
+  }
+  return PQntuples(result.get()) > 0 ? PQgetvalue(result.get(), 0, 0) : "";
+}
+
+/// The suite's schema, applied once before any case runs.
+struct MigratedDatabase {
+  MigratedDatabase() {
+    auto applied = storage::pg::apply_migrations(pg_dsn());
+    if (!applied) throw std::runtime_error("apply_migrations: " + applied.error().message());
+  }
+};
+
+struct PgBackend {
+  explicit PgBackend(std::size_t connections = 2, std::chrono::milliseconds timeout = 5s)
+      : pool(io.get_executor(), {pg_dsn(), connections, timeout, {}}), records(pool) {}
+
+  core::RecordStore& store() { return records; }
+
+  template <class T>
+  T run(asio::awaitable<T> op) {
+    return run_to_completion(io, std::move(op));
+  }
+
+  // Sleeps on the database until its clock passes the row's expires_at: the store judges expiry
+  // by that clock, not by this process's.
+  asio::awaitable<void> wait_until_expired(core::Sha256 id) {
+    std::vector<Param> params;
+    params.push_back(Param::bytes(bytes_of(id)));
+    auto slept = co_await pool.query(
+        "SELECT pg_sleep(GREATEST(0, EXTRACT(EPOCH FROM expires_at - clock_timestamp()))::float8)"
+        " FROM idempotency_record WHERE id = $1",
+        std::move(params));
+    if (!slept) throw std::runtime_error("wait_until_expired: " + slept.error().message());
+  }
+
+  /// The server process behind the pool's connection (pool of one).
+  int backend_pid() {
+    auto rows = run(pool.query("SELECT pg_backend_pid()", {}));
+    BOOST_TEST_REQUIRE(rows.has_value(), rows.error().message());
+    return rows->int4(0, 0).value();
+  }
+
+  /// Whether a row with this id exists at all, expired or not.
+  bool row_exists(const core::Sha256& id) {
+    std::vector<Param> params;
+    params.push_back(Param::bytes(bytes_of(id)));
+    auto rows =
+        run(pool.query("SELECT count(*) FROM idempotency_record WHERE id = $1", std::move(params)));
+    BOOST_TEST_REQUIRE(rows.has_value(), rows.error().message());
+    return rows->int8(0, 0).value() > 0;
+  }
+
+  asio::io_context io;
+  PgPool pool;
+  storage::pg::PgRecordStore records;
+};
+
+using RecordStoreBackends = std::tuple<PgBackend>;
+
+asio::awaitable<std::optional<PgPool::Lease>> take(PgPool* pool) {
+  auto lease = co_await pool->acquire(pool->deadline());
+  if (!lease) co_return std::nullopt;
+  co_return std::move(*lease);
+}
+
+asio::awaitable<boost::system::error_code> acquire_error(PgPool* pool) {
+  auto lease = co_await pool->acquire(pool->deadline());
+  co_return lease ? boost::system::error_code{} : lease.error();
+}
+
+asio::awaitable<int> acquire_pid(PgPool* pool) {
+  auto lease = co_await pool->acquire(pool->deadline());
+  co_return lease ? (*lease)->backend_pid() : -1;
+}
+
+/// A schema of its own, first on the search_path of `dsn`, dropped afterwards.
+struct ScratchSchema {
+  ScratchSchema() : name("migration_test_" + core::random_token().substr(0, 12)) {
+    exec_blocking(pg_dsn(), "CREATE SCHEMA " + name);
+    const std::string base = pg_dsn();
+    dsn = base + (base.find('?') == std::string::npos ? "?" : "&") + "options=-csearch_path%3D" +
+          name;
+  }
+  ~ScratchSchema() {
+    try {
+      exec_blocking(pg_dsn(), "DROP SCHEMA " + name + " CASCADE");
+    } catch (const std::exception& e) {
+      BOOST_TEST_MESSAGE("dropping " << name << ": " << e.what());
+    }
+  }
+  std::string name;
+  std::string dsn;
+};
+
+}  // namespace idemgate::testing
+
+using idemgate::testing::MigratedDatabase;
+BOOST_TEST_GLOBAL_FIXTURE(MigratedDatabase);
+
+#include "tests/storage/record_store_contract.hpp"  // the shared cases, run on PgBackend
+
+BOOST_AUTO_TEST_SUITE(pg_record_store)
+
+using namespace idemgate::testing;
+
+BOOST_AUTO_TEST_CASE(spec_C25_stalled_insert_times_out_at_its_deadline_and_the_pool_recovers) {
+  PgBackend backend(1, 300ms);
+  const auto record = sample_record("stalled");
+  const int pid_before = backend.backend_pid();
+
+  // Another session inserts the same id and keeps its transaction open: our insert has to wait
+  // for it, past our deadline.
+  PgConnection blocker(backend.io.get_executor(), pg_dsn(), 60s);
+  BOOST_TEST_REQUIRE(backend.run(blocker.connect(soon())).has_value(), blocker.last_error());
+  BOOST_TEST_REQUIRE(backend.run(blocker.query("BEGIN", {}, soon())).has_value());
+  std::vector<Param> params;
+  params.push_back(Param::bytes(bytes_of(record.id)));
+  params.push_back(Param::bytes(bytes_of(record.fingerprint)));
+  auto held = backend.run(blocker.query(
+      "INSERT INTO idempotency_record (id, route, fingerprint, status, headers, body, expires_at)"
+      " VALUES ($1, 'blocker', $2, 200, '\\x01'::bytea, ''::bytea, now() + interval '1 hour')",
+      std::move(params), soon()));
+  BOOST_TEST_REQUIRE(held.has_value(), blocker.last_error());
+
+  const auto started = std::chrono::steady_clock::now();
+  auto stalled = backend.run(backend.store().insert(record, kLongTtl));
+  const auto waited = std::chrono::steady_clock::now() - started;
+  BOOST_TEST_REQUIRE(!stalled.has_value());
+  BOOST_TEST(stalled.error() == code(store_errc::timed_out));
+  // It returned by itself while the blocker still held the row, and not before its deadline.
+  BOOST_TEST((waited >= backend.pool.options().operation_timeout));
+  BOOST_TEST(backend.pool.open_connections() == 0u);  // the timed-out connection was discarded
+
+  BOOST_TEST_REQUIRE(backend.run(blocker.query("ROLLBACK", {}, soon())).has_value());
+  // The abandoned statement may have gone on to insert the record once the blocker let go:
+  // either way the retry works and the stored record is ours.
+  auto retried = backend.run(backend.store().insert(record, kLongTtl));
+  BOOST_TEST_REQUIRE(retried.has_value(), retried.error().message());
+  if (!retried->inserted) {
+    BOOST_TEST_REQUIRE(retried->existing.has_value());
+    check_same_response(*retried->existing, record);
+  }
+  BOOST_TEST(backend.backend_pid() != pid_before);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C25_terminated_backend_is_replaced_by_a_new_connection) {
+  PgBackend backend(1, 5s);
+  const int pid_before = backend.backend_pid();
+
+  PgConnection admin(backend.io.get_executor(), pg_dsn(), 60s);
+  BOOST_TEST_REQUIRE(backend.run(admin.connect(soon())).has_value(), admin.last_error());
+  std::vector<Param> params;
+  params.push_back(Param::text(std::to_string(pid_before)));
+  // With a timeout, pg_terminate_backend returns once the process is gone.
+  auto killed = backend.run(
+      admin.query("SELECT pg_terminate_backend($1::int4, 5000)", std::move(params), soon()));
+  BOOST_TEST_REQUIRE(killed.has_value(), admin.last_error());
+  BOOST_TEST_REQUIRE(killed->boolean(0, 0).value_or(false));
+
+  // The first operation may still meet the dead connection; the next one must work.
+  auto first = backend.run(backend.store().find(random_id()));
+  BOOST_TEST_MESSAGE("first operation after termination: " << (first ? std::string("ok")
+                                                                     : first.error().message()));
+  auto second = backend.run(backend.store().find(random_id()));
+  BOOST_TEST_REQUIRE(second.has_value(), second.error().message());
+  BOOST_TEST(!second->has_value());
+  BOOST_TEST(backend.backend_pid() != pid_before);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C25_unreachable_server_reports_unavailable) {
+  boost::asio::io_context io;
+  // A port that was free a moment ago: connecting to it is refused.
+  boost::asio::ip::tcp::acceptor probe(io, {boost::asio::ip::address_v4::loopback(), 0});
+  const auto port = probe.local_endpoint().port();
+  probe.close();
+  PgPool pool(io.get_executor(),
+              {"postgresql://idem@127.0.0.1:" + std::to_string(port) + "/idem", 1, 5s, {}});
+  idemgate::storage::pg::PgRecordStore store(pool);
+
+  auto found = run_to_completion(io, store.find(random_id()));
+  BOOST_TEST_REQUIRE(!found.has_value());
+  BOOST_TEST(found.error() == code(store_errc::unavailable));
+  BOOST_TEST(pool.open_connections() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(pool_acquire_times_out_while_every_connection_is_in_use) {
+  PgBackend backend(1, 300ms);
+  auto held = backend.run(take(&backend.pool));
+  BOOST_TEST_REQUIRE(held.has_value());
+
+  auto waited = backend.run(acquire_error(&backend.pool));
+  BOOST_TEST(waited == code(store_errc::timed_out));
+  BOOST_TEST(backend.pool.open_connections() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(pool_hands_a_returned_connection_to_the_waiting_caller) {
+  PgBackend backend(1, 5s);
+  auto held = backend.run(take(&backend.pool));
+  BOOST_TEST_REQUIRE(held.has_value());
+  const int pid = (*held)->backend_pid();
+
+  std::optional<int> waiter_pid;
+  std::exception_ptr failure;
+  boost::asio::co_spawn(backend.io, acquire_pid(&backend.pool), [&](std::exception_ptr e, int got) {
+    if (e) {
+      failure = e;
+    } else {
+      waiter_pid = got;
+    }
+  });
+  backend.io.restart();
+  backend.io.poll();  // the waiter starts and queues for the only connection
+  BOOST_TEST_REQUIRE(!waiter_pid.has_value());
+
+  held.reset();  // gives the connection back
+  backend.io.restart();
+  backend.io.run();
+  if (failure) std::rethrow_exception(failure);
+  BOOST_TEST_REQUIRE(waiter_pid.has_value());
+  BOOST_TEST(*waiter_pid == pid);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C16_eight_mebibyte_body_round_trips) {
+  // Larger than the socket buffers: the statement goes out over several writes (PQflush loop).
+  PgBackend backend;
+  auto record = sample_record("large");
+  record.response.body.resize(8 * 1024 * 1024);
+  for (std::size_t i = 0; i < record.response.body.size(); ++i) {
+    record.response.body[i] = static_cast<char>((i * 131) ^ (i >> 9));
+  }
+  auto inserted = backend.run(backend.store().insert(record, kLongTtl));
+  BOOST_TEST_REQUIRE(inserted.has_value(), inserted.error().message());
+  BOOST_TEST(inserted->inserted);
+
+  auto found = backend.run(backend.store().find(record.id));
+  BOOST_TEST_REQUIRE(found.has_value(), found.error().message());
+  BOOST_TEST_REQUIRE(found->has_value());
+  BOOST_TEST_REQUIRE((*found)->response.body.size() == record.response.body.size());
+  BOOST_TEST(((*found)->response.body == record.response.body));
+}
+
+BOOST_AUTO_TEST_CASE(pool_discards_a_connection_returned_inside_a_transaction) {
+  PgBackend backend(1, 5s);
+  int pid_before = 0;
+  {
+    auto held = backend.run(take(&backend.pool));
+    BOOST_TEST_REQUIRE(held.has_value());
+    pid_before = (*held)->backend_pid();
+    auto began = backend.run((*held)->query("BEGIN", {}, soon()));
+    BOOST_TEST_REQUIRE(began.has_value(), (*held)->last_error());
+  }
+  BOOST_TEST(backend.backend_pid() != pid_before);
+}
+
+BOOST_AUTO_TEST_CASE(find_reports_a_malformed_row_as_a_protocol_error) {
+  PgBackend backend;
+  const auto id = random_id();
+  std::vector<Param> params;
+  params.push_back(Param::bytes(bytes_of(id)));
+  auto written = backend.run(backend.pool.query(
+      "INSERT INTO idempotency_record (id, route, fingerprint, status, headers, body, expires_at)"
+      " VALUES ($1, 'bad', $1, 200, '\\x02'::bytea, ''::bytea, now() + interval '1 hour')",
+      std::move(params)));
+  BOOST_TEST_REQUIRE(written.has_value(), written.error().message());
+
+  auto found = backend.run(backend.store().find(id));
+  BOOST_TEST_REQUIRE(!found.has_value());
+  BOOST_TEST(found.error() == code(store_errc::protocol));
+}
+
+BOOST_AUTO_TEST_CASE(spec_C24_delete_expired_removes_only_expired_rows_in_batches) {
+  PgBackend backend;
+  std::vector<idemgate::core::StoredRecord> expired;
+  std::vector<idemgate::core::StoredRecord> live;
+  for (int i = 0; i < 5; ++i) {
+    expired.push_back(sample_record("expired-" + std::to_string(i)));
+    auto inserted = backend.run(backend.store().insert(expired.back(), 1ms));
+    BOOST_TEST_REQUIRE(inserted.has_value(), inserted.error().message());
+  }
+  for (int i = 0; i < 2; ++i) {
+    live.push_back(sample_record("live-" + std::to_string(i)));
+    auto inserted = backend.run(backend.store().insert(live.back(), kLongTtl));
+    BOOST_TEST_REQUIRE(inserted.has_value(), inserted.error().message());
+  }
+  // Inserted last, the last expired row expires last.
+  backend.run(backend.wait_until_expired(expired.back().id));
+
+  std::vector<std::int64_t> batches;
+  for (int round = 0; round < 10'000; ++round) {
+    auto deleted = backend.run(backend.records.delete_expired(2));
+    BOOST_TEST_REQUIRE(deleted.has_value(), deleted.error().message());
+    BOOST_TEST_REQUIRE(*deleted <= 2);
+    batches.push_back(*deleted);
+    if (*deleted == 0) break;
+  }
+  BOOST_TEST_REQUIRE(batches.size() >= 4u);  // five rows, two per batch, then nothing
+  BOOST_TEST(batches.front() == 2);
+  BOOST_TEST(batches.back() == 0);
+
+  for (const auto& record : expired) BOOST_TEST(!backend.row_exists(record.id));
+  for (const auto& record : live) {
+    auto found = backend.run(backend.store().find(record.id));
+    BOOST_TEST_REQUIRE(found.has_value(), found.error().message());
+    BOOST_TEST(found->has_value());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(migrations_applied_twice_apply_nothing_the_second_time) {
+  ScratchSchema schema;
+  const auto count = static_cast<int>(idemgate::storage::pg::embedded_migrations().size());
+  BOOST_TEST_REQUIRE(count >= 1);
+
+  auto first = idemgate::storage::pg::apply_migrations(schema.dsn);
+  BOOST_TEST_REQUIRE(first.has_value(), first.error().message());
+  BOOST_TEST(*first == count);
+  auto second = idemgate::storage::pg::apply_migrations(schema.dsn);
+  BOOST_TEST_REQUIRE(second.has_value(), second.error().message());
+  BOOST_TEST(*second == 0);
+
+  BOOST_TEST(exec_blocking(pg_dsn(), "SELECT to_regclass('" + schema.name +
+                                         ".idempotency_record') IS NOT NULL") == "t");
+  BOOST_TEST(exec_blocking(pg_dsn(), "SELECT count(*) FROM " + schema.name +
+                                         ".schema_migrations") == std::to_string(count));
+}
+
+BOOST_AUTO_TEST_CASE(concurrent_migrations_apply_each_version_exactly_once) {
+  ScratchSchema schema;
+  const auto count = static_cast<int>(idemgate::storage::pg::embedded_migrations().size());
+  std::vector<boost::system::result<int>> outcomes(4, idemgate::core::store_errc::protocol);
+  std::vector<std::thread> gateways;
+  for (std::size_t i = 0; i < outcomes.size(); ++i) {
+    gateways.emplace_back(
+        [&, i] { outcomes[i] = idemgate::storage::pg::apply_migrations(schema.dsn); });
+  }
+  for (auto& gateway : gateways) gateway.join();
+
+  int applied = 0;
+  for (const auto& outcome : outcomes) {
+    BOOST_TEST_REQUIRE(outcome.has_value(), outcome.error().message());
+    applied += *outcome;
+  }
+  BOOST_TEST(applied == count);
+  BOOST_TEST(exec_blocking(pg_dsn(), "SELECT count(*) FROM " + schema.name +
+                                         ".schema_migrations") == std::to_string(count));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
