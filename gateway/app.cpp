@@ -1,1 +1,183 @@
-// placeholder until implemented
+#include "gateway/app.hpp"
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <algorithm>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <csignal>
+#include <thread>
+
+#include "gateway/config/config_loader.hpp"
+#include "gateway/http/json_log.hpp"
+#include "gateway/http/server.hpp"
+#include "gateway/http/upstream_pool.hpp"
+#include "gateway/idempotency_handler.hpp"
+#include "gateway/version.hpp"
+#include "storage/pg/migrations.hpp"
+#include "storage/pg/pg_pool.hpp"
+#include "storage/pg/pg_record_store.hpp"
+#include "storage/redis/redis_connection.hpp"
+#include "storage/redis/redis_lock.hpp"
+
+namespace idemgate {
+namespace asio = boost::asio;
+using http::log_json;
+
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitRuntime = 1;
+constexpr int kExitConfig = 2;
+
+core::FilterEvents filter_events() {
+  core::FilterEvents events;
+  events.duplicate_execution = [] {
+    log_json(spdlog::level::warn, "duplicate execution: another record had been committed first",
+             {{"case", "C36"}});
+  };
+  events.record_commit_failed = [] {
+    log_json(spdlog::level::err,
+             "record commit failed after the upstream answered; the lock is kept until it expires",
+             {{"case", "C26"}});
+  };
+  events.store_error = [](const char* what, const boost::system::error_code& ec) {
+    log_json(spdlog::level::warn, "store error", {{"op", what}, {"error", ec.message()}});
+  };
+  return events;
+}
+
+/// Everything one io thread owns: its Postgres pool, Redis connection, upstream pool and the
+/// idempotency handler on top of them. Created and destroyed on that thread.
+class ThreadHandler final : public http::RequestHandler {
+ public:
+  ThreadHandler(asio::io_context& io, const config::Config& config)
+      : pool_(io.get_executor(), pool_options(config)),
+        store_(pool_),
+        redis_(io.get_executor(), config.storage.redis),
+        lock_(redis_),
+        upstreams_(io.get_executor()),
+        handler_(upstreams_, store_, lock_, filter_events()) {}
+
+  asio::awaitable<http::HandlerResult> handle(http::Exchange exchange) override {
+    return handler_.handle(std::move(exchange));
+  }
+
+ private:
+  static storage::pg::PgPool::Options pool_options(const config::Config& config) {
+    storage::pg::PgPool::Options options;
+    options.dsn = config.storage.postgres.dsn;
+    const auto threads = static_cast<std::size_t>(std::max(1, config.threads));
+    const auto total = static_cast<std::size_t>(config.storage.postgres.pool_size);
+    options.max_connections = std::max<std::size_t>(1, (total + threads - 1) / threads);
+    options.operation_timeout = config.storage.postgres.operation_timeout;
+    return options;
+  }
+
+  storage::pg::PgPool pool_;
+  storage::pg::PgRecordStore store_;
+  storage::redis::RedisConnection redis_;
+  storage::redis::RedisLock lock_;
+  http::UpstreamPool upstreams_;
+  IdempotencyHandler handler_;
+};
+
+}  // namespace
+
+void setup_logging() {
+  auto logger = spdlog::stderr_logger_mt("idemgate");
+  logger->set_pattern("%v");
+  logger->flush_on(spdlog::level::trace);
+  spdlog::set_default_logger(std::move(logger));
+}
+
+bool run_migrations(const std::shared_ptr<const config::Config>& config) {
+  // Several gateways may start together with their database: retry briefly before giving up.
+  boost::system::error_code last;
+  for (int attempt = 1; attempt <= 10; ++attempt) {
+    auto applied = storage::pg::apply_migrations(config->storage.postgres.dsn);
+    if (applied) {
+      log_json(spdlog::level::info, "migrations applied", {{"applied", *applied}});
+      return true;
+    }
+    last = applied.error();
+    log_json(spdlog::level::warn, "migrations failed; retrying",
+             {{"attempt", attempt}, {"error", last.message()}});
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  log_json(spdlog::level::err, "could not apply migrations", {{"error", last.message()}});
+  return false;
+}
+
+int run_gateway(const std::string& config_path, bool migrate) {
+  setup_logging();
+  std::shared_ptr<const config::Config> config;
+  try {
+    config = config::load_config(config_path);
+  } catch (const config::ConfigError& e) {
+    log_json(spdlog::level::err, "bad configuration", {{"error", e.what()}});
+    return kExitConfig;
+  }
+  for (const auto& warning : config->warnings) {
+    log_json(spdlog::level::warn, "configuration warning", {{"warning", warning}});
+  }
+  if (migrate && !run_migrations(config)) return kExitRuntime;
+
+  std::unique_ptr<http::Server> server;
+  try {
+    server = std::make_unique<http::Server>(config, [config](asio::io_context& io, unsigned) {
+      return std::make_unique<ThreadHandler>(io, *config);
+    });
+  } catch (const std::exception& e) {
+    log_json(spdlog::level::err, "cannot listen", {{"error", e.what()}});
+    return kExitRuntime;
+  }
+
+  // Signals are handled on a thread of their own: stop() blocks until the io threads are done,
+  // and a reload reads the file there, never on an io thread.
+  asio::io_context signals_io;
+  asio::signal_set signals(signals_io, SIGINT, SIGTERM, SIGHUP);
+  std::function<void(const boost::system::error_code&, int)> on_signal =
+      [&](const boost::system::error_code& ec, int signo) {
+        if (ec) return;
+        if (signo == SIGHUP) {
+          try {
+            auto fresh = config::load_config(config_path);
+            for (const auto& warning : fresh->warnings) {
+              log_json(spdlog::level::warn, "configuration warning", {{"warning", warning}});
+            }
+            server->update_config(std::move(fresh));
+            log_json(spdlog::level::info, "configuration reloaded", {{"file", config_path}});
+          } catch (const std::exception& e) {
+            log_json(spdlog::level::err, "reload rejected; keeping the running configuration",
+                     {{"error", e.what()}});
+          }
+          signals.async_wait(on_signal);
+          return;
+        }
+        log_json(spdlog::level::info, "stopping", {{"signal", signo}});
+        server->stop(true);
+      };
+  signals.async_wait(on_signal);
+  std::thread signal_thread([&signals_io] { signals_io.run(); });
+
+  int status = kExitOk;
+  try {
+    log_json(spdlog::level::info, "starting",
+             {{"version", kVersion}, {"config", config_path}, {"threads", config->threads}});
+    server->run();
+  } catch (const std::exception& e) {
+    log_json(spdlog::level::err, "gateway failed", {{"error", e.what()}});
+    status = kExitRuntime;
+  }
+  signals_io.stop();
+  signal_thread.join();
+  server.reset();
+  log_json(spdlog::level::info, "stopped", {{"status", status}});
+  return status;
+}
+
+}  // namespace idemgate

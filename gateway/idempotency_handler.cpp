@@ -1,1 +1,294 @@
-// placeholder until implemented
+#include "gateway/idempotency_handler.hpp"
+
+#include <algorithm>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/string.hpp>
+#include <string_view>
+#include <vector>
+
+#include "gateway/core/fingerprint.hpp"
+#include "gateway/core/idempotency_key.hpp"
+#include "gateway/http/problem.hpp"
+
+namespace idemgate {
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+
+namespace {
+
+std::vector<std::string_view> field_values(const http::Request& req, std::string_view name) {
+  std::vector<std::string_view> out;
+  auto range = req.equal_range(name);
+  for (auto it = range.first; it != range.second; ++it) out.push_back(it->value());
+  return out;
+}
+
+std::vector<core::HeaderValues> header_values(const http::Request& req,
+                                              const std::vector<std::string>& names) {
+  std::vector<core::HeaderValues> out;
+  out.reserve(names.size());
+  for (const auto& name : names) out.push_back({name, field_values(req, name)});
+  return out;
+}
+
+core::KeyParse read_key(const config::KeySource& source, const http::Request& req) {
+  switch (source.kind) {
+    case config::KeySource::Kind::header: {
+      const auto values = field_values(req, source.header);
+      return core::parse_key_field(source.header, values);
+    }
+    case config::KeySource::Kind::headers: {
+      std::vector<core::KeyParse> parts;
+      for (const auto& name : source.headers) {
+        const auto values = field_values(req, name);
+        parts.push_back(core::parse_key_field(name, values));
+      }
+      return core::join_key_parts(source.headers, parts);
+    }
+    case config::KeySource::Kind::json_pointer:
+      return core::parse_json_pointer_key(req.body(), source.json_pointer);
+  }
+  return core::KeyParse::absent();
+}
+
+bool method_listed(const std::vector<std::string>& methods, std::string_view method) {
+  return std::any_of(methods.begin(), methods.end(),
+                     [&](const std::string& m) { return beast::iequals(m, method); });
+}
+
+// Framing and Date are the session's to set; the rest of the fields are end-to-end (the
+// upstream pool has removed hop-by-hop ones).
+bool kept_in_record(std::string_view name) {
+  return !beast::iequals(name, "Content-Length") && !beast::iequals(name, "Date") &&
+         !beast::iequals(name, kReplayedField) && !beast::iequals(name, kBodyOmittedField) &&
+         !beast::iequals(name, kStatusField);
+}
+
+core::UpstreamReply to_reply(http::ForwardResult result) {
+  core::UpstreamReply reply;
+  reply.detail = std::move(result.detail);
+  switch (result.kind) {
+    case http::ForwardResult::Kind::response:
+      reply.kind = core::UpstreamReply::Kind::response;
+      break;
+    case http::ForwardResult::Kind::not_reached:
+      reply.kind = core::UpstreamReply::Kind::not_reached;
+      return reply;
+    case http::ForwardResult::Kind::unknown_outcome:
+      reply.kind = core::UpstreamReply::Kind::unknown_outcome;
+      return reply;
+    case http::ForwardResult::Kind::timed_out:
+      reply.kind = core::UpstreamReply::Kind::timed_out;
+      return reply;
+  }
+  auto& res = result.response;
+  reply.response.status = static_cast<std::uint16_t>(res.result_int());
+  for (const auto& field : res) {
+    if (kept_in_record(field.name_string())) {
+      reply.response.headers.emplace_back(std::string(field.name_string()),
+                                          std::string(field.value()));
+    }
+  }
+  reply.response.body = std::move(res.body());
+  return reply;
+}
+
+http::Response to_response(core::StoredResponse stored, unsigned version, bool keep_alive) {
+  http::Response res{static_cast<bhttp::status>(stored.status), version};
+  for (auto& [name, value] : stored.headers) res.insert(name, value);
+  res.body() = std::move(stored.body);
+  res.keep_alive(keep_alive);
+  return res;
+}
+
+http::Response upstream_problem(core::UpstreamReply::Kind kind, const std::string& detail,
+                                unsigned version, bool keep_alive) {
+  switch (kind) {
+    case core::UpstreamReply::Kind::timed_out:
+      return http::make_problem(http::Problem::upstream_timeout, detail, version, keep_alive);
+    case core::UpstreamReply::Kind::unknown_outcome:
+      return http::make_problem(http::Problem::upstream_failed, detail, version, keep_alive);
+    default:
+      return http::make_problem(http::Problem::upstream_unreachable, detail, version, keep_alive);
+  }
+}
+
+}  // namespace
+
+core::RoutePolicy route_policy(const config::Idempotency& idempotency) {
+  core::RoutePolicy policy;
+  policy.ttl = idempotency.ttl;
+  policy.lock_ttl = idempotency.lock_ttl;
+  policy.wait_for_in_flight = idempotency.concurrency == config::Concurrency::wait;
+  policy.wait_timeout = idempotency.wait_timeout;
+  policy.store_statuses = idempotency.store_statuses;
+  policy.max_stored_response = idempotency.max_stored_response;
+  policy.hold_on_unknown_outcome = idempotency.on_unknown_outcome == config::UnknownOutcome::hold;
+  policy.fail_open = idempotency.on_store_error == config::StoreErrorPolicy::fail_open;
+  return policy;
+}
+
+IdempotencyHandler::IdempotencyHandler(http::Forwarder& forwarder, core::RecordStore& store,
+                                       core::LockService& lock, core::FilterEvents events)
+    : forwarder_(forwarder), filter_(store, lock, std::move(events)) {}
+
+asio::awaitable<http::HandlerResult> IdempotencyHandler::pass_through(http::Exchange exchange,
+                                                                      const char* outcome) {
+  const unsigned version = exchange.request.version();
+  const bool keep_alive = exchange.request.keep_alive();
+  http::ForwardResult fwd =
+      co_await forwarder_.forward(*exchange.upstream, std::move(exchange.request));
+  http::HandlerResult result;
+  result.outcome = outcome;
+  result.upstream_time = fwd.upstream_time;
+  if (fwd.kind == http::ForwardResult::Kind::response) {
+    result.response = std::move(fwd.response);
+    result.response.erase(kReplayedField);
+    result.response.erase(kBodyOmittedField);
+    result.response.keep_alive(keep_alive);
+    co_return result;
+  }
+  result.outcome = "upstream_error";
+  result.response =
+      upstream_problem(to_reply(std::move(fwd)).kind, fwd.detail, version, keep_alive);
+  co_return result;
+}
+
+asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange exchange) {
+  http::Request& req = exchange.request;
+  // The gateway owns these fields: a client cannot make a first response look like a replay.
+  req.erase(kReplayedField);
+  req.erase(kBodyOmittedField);
+  req.erase(kStatusField);
+
+  const config::Idempotency& idem = exchange.route->idempotency;
+  if (idem.mode == config::IdempotencyMode::off ||
+      !method_listed(idem.methods, req.method_string())) {
+    co_return co_await pass_through(std::move(exchange), "passthrough");  // C11, C12
+  }
+
+  const unsigned version = req.version();
+  const bool keep_alive = req.keep_alive();
+  const core::KeyParse key = read_key(idem.key_source, req);
+  if (key.status == core::KeyParse::Status::invalid) {
+    co_return http::HandlerResult{
+        http::make_problem(http::Problem::invalid_key, key.detail, version, keep_alive),
+        "invalid_key",
+        {},
+        {}};
+  }
+  if (key.status == core::KeyParse::Status::absent) {
+    if (idem.mode == config::IdempotencyMode::optional) {
+      co_return co_await pass_through(std::move(exchange), "passthrough");  // C11
+    }
+    std::string detail;
+    switch (idem.key_source.kind) {
+      case config::KeySource::Kind::header:
+        detail = "this route requires an " + idem.key_source.header +
+                 " header: send a unique value (e.g. a UUID) per operation and repeat it on "
+                 "retries of that operation";
+        break;
+      case config::KeySource::Kind::headers:
+        detail = "this route requires the key headers";
+        for (const auto& h : idem.key_source.headers) detail += " " + h;
+        break;
+      case config::KeySource::Kind::json_pointer:
+        detail = "this route requires a JSON body with a key at " + idem.key_source.json_pointer;
+        break;
+    }
+    co_return http::HandlerResult{
+        http::make_problem(http::Problem::missing_key, detail, version, keep_alive),
+        "missing_key",
+        {},
+        {}};
+  }
+
+  const auto scope_headers = header_values(req, idem.key_scope_headers);
+  const core::Sha256 scope = core::compute_scope(exchange.route->name, scope_headers);
+  const auto fp_headers = header_values(req, idem.fingerprint_headers);
+  core::KeyedRequest keyed;
+  keyed.id = core::record_id(scope, key.key);
+  keyed.route = exchange.route->name;
+  keyed.fingerprint = core::compute_fingerprint(
+      req.method_string(), req.target(), fp_headers, req.body(),
+      idem.fingerprint_body == config::FingerprintBody::json ? core::BodyMode::json
+                                                             : core::BodyMode::bytes);
+  std::string key_hash = core::to_hex(keyed.id);
+
+  // C14: what the upstream sees of the key (the Idempotency-Key source only).
+  if (idem.key_source.kind == config::KeySource::Kind::header &&
+      beast::iequals(idem.key_source.header, "Idempotency-Key")) {
+    if (idem.upstream_key == config::UpstreamKey::strip) {
+      req.erase(idem.key_source.header);
+    } else if (idem.upstream_key == config::UpstreamKey::rewrite) {
+      core::Sha256Builder material;
+      material.field(core::to_hex(scope)).field(key.key);
+      const core::Sha256 digest = material.finish();
+      req.set(idem.key_source.header,
+              core::hmac_sha256_hex(
+                  idem.upstream_key_secret,
+                  std::string_view(reinterpret_cast<const char*>(digest.data()), digest.size())));
+    }
+  }
+
+  // The request and its upstream live in a shared state owned by the filter's coroutine, which
+  // runs on its own: the session going away does not cancel it (C34).
+  auto shared = std::make_shared<http::Exchange>(std::move(exchange));
+  http::Forwarder* forwarder = &forwarder_;
+  core::IdempotencyFilter::Forward forward = [shared,
+                                              forwarder]() -> asio::awaitable<core::UpstreamReply> {
+    co_return to_reply(co_await forwarder->forward(*shared->upstream, std::move(shared->request)));
+  };
+  const core::RoutePolicy policy = route_policy(idem);
+  core::FilterResult decision =
+      co_await asio::co_spawn(co_await asio::this_coro::executor,
+                              filter_.run(policy, keyed, std::move(forward)), asio::use_awaitable);
+
+  http::HandlerResult result;
+  result.outcome = core::outcome_label(decision.outcome);
+  result.key_hash = std::move(key_hash);
+  result.upstream_time = decision.upstream_time;
+  switch (decision.outcome) {
+    case core::Outcome::executed:
+    case core::Outcome::not_stored:
+      result.response = to_response(std::move(decision.response), version, keep_alive);
+      break;
+    case core::Outcome::unprotected:
+      result.response = to_response(std::move(decision.response), version, keep_alive);
+      result.response.set(kStatusField, "unprotected");
+      break;
+    case core::Outcome::replayed: {
+      const bool omitted = decision.response.body_omitted;
+      result.response = to_response(std::move(decision.response), version, keep_alive);
+      result.response.set(kReplayedField, "true");
+      if (omitted) result.response.set(kBodyOmittedField, "true");
+      break;
+    }
+    case core::Outcome::mismatch: {
+      result.response = http::make_problem_with_status(http::Problem::key_mismatch,
+                                                       static_cast<unsigned>(idem.on_mismatch),
+                                                       decision.detail, version, keep_alive);
+      break;
+    }
+    case core::Outcome::in_flight:
+      result.response = http::make_problem(http::Problem::request_in_flight, decision.detail,
+                                           version, keep_alive);
+      result.response.set(bhttp::field::retry_after, "1");
+      break;
+    case core::Outcome::store_unavailable:
+      result.response = http::make_problem(http::Problem::store_unavailable, decision.detail,
+                                           version, keep_alive);
+      result.response.set(bhttp::field::retry_after, "1");
+      break;
+    case core::Outcome::upstream_error:
+      result.response =
+          upstream_problem(decision.upstream_kind, decision.detail, version, keep_alive);
+      break;
+  }
+  co_return result;
+}
+
+}  // namespace idemgate

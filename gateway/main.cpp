@@ -1,1 +1,102 @@
-int main() { return 1; }  // placeholder until implemented
+// idemgate command line (SPEC §1).
+
+#include <boost/program_options.hpp>
+#include <csignal>
+#include <exception>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "gateway/app.hpp"
+#include "gateway/config/config_loader.hpp"
+#include "gateway/version.hpp"
+
+namespace po = boost::program_options;
+
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitRuntime = 1;
+constexpr int kExitUsage = 2;
+
+constexpr const char* kUsage = R"(usage:
+  idemgate --config FILE [--no-migrate]   run the gateway in the foreground
+  idemgate check-config FILE              validate a configuration file
+  idemgate migrate --config FILE          apply the Postgres schema migrations and exit
+  idemgate --version | --help
+
+Logs go to stderr, one JSON object a line. Exit status: 0 clean shutdown, 2 bad configuration
+or arguments, 1 runtime failure. SIGTERM/SIGINT drain and stop; SIGHUP reloads the configuration.
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // hiredis writes with write(2): a peer that went away must give EPIPE, not kill the process.
+  std::signal(SIGPIPE, SIG_IGN);
+  po::options_description options("options");
+  options.add_options()("config,c", po::value<std::string>(), "configuration file (YAML)")(
+      "no-migrate", "do not apply pending schema migrations at start")(
+      "version", "print the version")("help,h", "print this help")(
+      "command", po::value<std::vector<std::string>>(), "check-config FILE | migrate");
+  po::positional_options_description positional;
+  positional.add("command", -1);
+
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(options).positional(positional).run(),
+              vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "idemgate: " << e.what() << "\n" << kUsage;
+    return kExitUsage;
+  }
+  if (vm.count("help")) {
+    std::cout << kUsage;
+    return kExitOk;
+  }
+  if (vm.count("version")) {
+    std::cout << "idemgate " << idemgate::kVersion << "\n";
+    return kExitOk;
+  }
+
+  const auto command = vm.count("command") ? vm["command"].as<std::vector<std::string>>()
+                                           : std::vector<std::string>{};
+  try {
+    if (!command.empty() && command[0] == "check-config") {
+      if (command.size() != 2) {
+        std::cerr << "idemgate: check-config takes one FILE\n" << kUsage;
+        return kExitUsage;
+      }
+      const auto config = idemgate::config::load_config(command[1]);
+      for (const auto& warning : config->warnings) std::cerr << warning << "\n";
+      std::cout << command[1] << ": ok\n";
+      return kExitOk;
+    }
+    if (!vm.count("config")) {
+      std::cerr << "idemgate: --config FILE is required\n" << kUsage;
+      return kExitUsage;
+    }
+    const std::string path = vm["config"].as<std::string>();
+    if (!command.empty() && command[0] == "migrate") {
+      if (command.size() != 1) {
+        std::cerr << "idemgate: migrate takes no arguments besides --config\n" << kUsage;
+        return kExitUsage;
+      }
+      const auto config = idemgate::config::load_config(path);
+      idemgate::setup_logging();
+      return idemgate::run_migrations(config) ? kExitOk : kExitRuntime;
+    }
+    if (!command.empty()) {
+      std::cerr << "idemgate: unknown command '" << command[0] << "'\n" << kUsage;
+      return kExitUsage;
+    }
+    return idemgate::run_gateway(path, !vm.count("no-migrate"));
+  } catch (const idemgate::config::ConfigError& e) {
+    std::cerr << e.what() << "\n";
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "idemgate: " << e.what() << "\n";
+    return kExitRuntime;
+  }
+}

@@ -1,0 +1,24 @@
+#pragma once
+// Wiring of the gateway process: logging, migrations, per-thread stores and handlers, signals.
+
+#include <memory>
+#include <string>
+
+#include "gateway/config/config.hpp"
+
+namespace idemgate {
+
+/// Points spdlog's default logger at stderr, one JSON object a line (SPEC C32).
+void setup_logging();
+
+/// Applies pending Postgres schema migrations for `config` (blocking; start-up only).
+/// Logs the outcome; false on failure.
+bool run_migrations(const std::shared_ptr<const config::Config>& config);
+
+/// Runs the gateway in the foreground until SIGTERM/SIGINT (SPEC §1): loads `config_path`,
+/// applies migrations when `migrate`, serves on config.threads io threads, reloads on SIGHUP
+/// (an invalid file is logged and the running configuration kept), drains on stop.
+/// Returns the process exit status: 0 clean shutdown, 2 bad configuration, 1 runtime failure.
+int run_gateway(const std::string& config_path, bool migrate);
+
+}  // namespace idemgate

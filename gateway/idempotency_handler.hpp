@@ -1,0 +1,49 @@
+#pragma once
+// The Idempotency-Key contract on top of the HTTP shell (SPEC §4): reads the key from the route's
+// key source, computes scope, record id and fingerprint, runs the core IdempotencyFilter against
+// the thread's stores, and turns its decision into an HTTP response (replay, problem details).
+
+#include <memory>
+
+#include "gateway/core/idempotency_filter.hpp"
+#include "gateway/core/lock_service.hpp"
+#include "gateway/core/record_store.hpp"
+#include "gateway/http/handler.hpp"
+
+namespace idemgate {
+
+/// Response fields the gateway owns (SPEC C16, C25, C29): stripped from client requests and from
+/// upstream responses, set only by the gateway.
+inline constexpr const char* kReplayedField = "Idempotent-Replayed";
+inline constexpr const char* kBodyOmittedField = "Idempotent-Body-Omitted";
+inline constexpr const char* kStatusField = "Idempotency-Status";
+
+/// One per io thread; `forwarder`, `store` and `lock` belong to that thread and outlive this.
+///
+/// Routes with `idempotency.mode: off`, methods outside `idempotency.methods` (C11, C12) and
+/// optional routes without a key are forwarded as they are (outcome `passthrough`). Otherwise:
+/// missing key on a required route → 400 (C10), invalid key → 400 (C13), and the filter's
+/// decisions: replay with `Idempotent-Replayed: true` (C16), mismatch → `on_mismatch` (C17),
+/// in flight → 409 with Retry-After (C18), store failure → 503 with Retry-After or forwarded with
+/// `Idempotency-Status: unprotected` (C25), upstream failure → 502/504 (C05, C21, C22).
+/// The filter runs as its own coroutine, so a client that goes away does not cancel the upstream
+/// call or the record write (C34).
+class IdempotencyHandler final : public http::RequestHandler {
+ public:
+  IdempotencyHandler(http::Forwarder& forwarder, core::RecordStore& store, core::LockService& lock,
+                     core::FilterEvents events = {});
+
+  boost::asio::awaitable<http::HandlerResult> handle(http::Exchange exchange) override;
+
+ private:
+  boost::asio::awaitable<http::HandlerResult> pass_through(http::Exchange exchange,
+                                                           const char* outcome);
+
+  http::Forwarder& forwarder_;
+  core::IdempotencyFilter filter_;
+};
+
+/// The core's policy for a configured route.
+core::RoutePolicy route_policy(const config::Idempotency& idempotency);
+
+}  // namespace idemgate
