@@ -1,0 +1,24 @@
+# idemgate container image: built with the same script and preset as the README commands.
+#   docker build -t idemgate .
+#   docker run --rm -v $PWD/conf:/etc/idemgate idemgate --config /etc/idemgate/idemgate.yaml
+FROM debian:bookworm AS build
+WORKDIR /src
+COPY scripts/install-deps scripts/install-deps
+RUN ./scripts/install-deps
+COPY . .
+RUN cmake --preset release && cmake --build --preset release -j"$(nproc)" --target idemgate payment-service
+
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends \
+      libboost-json1.81.0 libboost-program-options1.81.0 \
+      libhiredis0.14 libpq5 libssl3 libyaml-cpp0.7 libspdlog1.10 libfmt9 \
+      curl ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --no-create-home --uid 10001 idemgate
+COPY --from=build /src/build/release/gateway/idemgate /usr/local/bin/idemgate
+COPY --from=build /src/build/release/examples/payment-service/payment-service /usr/local/bin/payment-service
+COPY conf /etc/idemgate
+USER idemgate
+EXPOSE 8080 9090
+ENTRYPOINT ["/usr/local/bin/idemgate"]
+CMD ["--config", "/etc/idemgate/demo.yaml"]
