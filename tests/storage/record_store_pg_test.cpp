@@ -3,9 +3,13 @@
 #define BOOST_TEST_MODULE record_store_pg
 #include <libpq-fe.h>
 
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <cstdlib>
@@ -28,6 +32,7 @@ namespace idemgate::testing {
 
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
+using namespace boost::asio::experimental::awaitable_operators;
 using core::store_errc;
 using storage::pg::Param;
 using storage::pg::PgConnection;
@@ -141,6 +146,15 @@ asio::awaitable<int> acquire_pid(PgPool* pool) {
   co_return lease ? (*lease)->backend_pid() : -1;
 }
 
+/// Runs a long statement through the pool but stops waiting for it as soon as possible, the way
+/// a caller racing the store against its own timer does.
+asio::awaitable<bool> abandon_long_statement(PgPool* pool) {
+  asio::steady_timer impatience(co_await asio::this_coro::executor, 0ms);
+  auto winner = co_await (pool->query("SELECT pg_sleep(10)", {}) ||
+                          impatience.async_wait(asio::as_tuple(asio::use_awaitable)));
+  co_return winner.index() == 1;
+}
+
 /// A schema of its own, first on the search_path of `dsn`, dropped afterwards.
 struct ScratchSchema {
   ScratchSchema() : name("migration_test_" + core::random_token().substr(0, 12)) {
@@ -232,6 +246,15 @@ BOOST_AUTO_TEST_CASE(spec_C25_terminated_backend_is_replaced_by_a_new_connection
   auto second = backend.run(backend.store().find(random_id()));
   BOOST_TEST_REQUIRE(second.has_value(), second.error().message());
   BOOST_TEST(!second->has_value());
+  BOOST_TEST(backend.backend_pid() != pid_before);
+}
+
+BOOST_AUTO_TEST_CASE(connection_abandoned_mid_operation_is_discarded_not_reused) {
+  PgBackend backend(1, 60s);
+  const int pid_before = backend.backend_pid();
+
+  BOOST_TEST_REQUIRE(backend.run(abandon_long_statement(&backend.pool)));
+  BOOST_TEST(backend.pool.open_connections() == 0u);
   BOOST_TEST(backend.backend_pid() != pid_before);
 }
 
