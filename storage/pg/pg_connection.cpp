@@ -161,7 +161,7 @@ asio::awaitable<boost::system::result<void>> PgConnection::open() {
     const auto wait = polling == PGRES_POLLING_READING ? asio::posix::descriptor_base::wait_read
                                                        : asio::posix::descriptor_base::wait_write;
     auto [ec] = co_await socket_->async_wait(wait, use_nothrow);
-    if (ec) co_return lost("connect");
+    if (ec) co_return wait_failed(ec);
     polling = PQconnectPoll(conn_);
   }
   if (!attach_socket()) co_return lost("connect");
