@@ -128,21 +128,21 @@ asio::awaitable<void> Session::run() {
   beast::flat_buffer buffer;
   bool first = true;
   for (;;) {
-    const auto config = context_->config();
     if (buffer.size() == 0) {
       if (context_->draining) break;
       state_ = State::idle;
       // C07: a new connection gets header_read_timeout for its first byte, a kept-alive one
       // idle_timeout between requests.
-      stream_.expires_after(first ? config->limits.header_read_timeout
-                                  : config->limits.idle_timeout);
+      const auto limits = context_->config()->limits;
+      stream_.expires_after(first ? limits.header_read_timeout : limits.idle_timeout);
       auto [ec, n] = co_await stream_.async_read_some(buffer.prepare(kReadChunk), use_nothrow);
       if (ec) break;
       buffer.commit(n);
     }
     first = false;
     state_ = State::busy;
-    const bool keep_alive = co_await serve_one(buffer, config);
+    // The snapshot current when the request begins (a reload applies to new requests).
+    const bool keep_alive = co_await serve_one(buffer, context_->config());
     if (!keep_alive) {
       // Input may still be on its way after a rejected request or behind a last pipelined one.
       if (reject_pending_input_ || buffer.size() > 0) co_await lingering_close();

@@ -236,6 +236,8 @@ asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& ups
   if (!slot) slot = std::make_unique<UpstreamState>();
   UpstreamState& state = *slot;
 
+  // An HTTP/1.0 client may omit Host, which an HTTP/1.1 request must carry (RFC 9112 §3.2).
+  const bool client_sent_host = request.count(bhttp::field::host) > 0;
   const std::size_t count = upstream.servers.size();
   const std::size_t first = count == 0 ? 0 : state.next_server++ % count;
   std::string last_error = "the upstream has no servers";
@@ -253,6 +255,7 @@ asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& ups
         continue;
       }
     }
+    if (!client_sent_host) request.set(bhttp::field::host, key);
     auto attempt = co_await exchange(&connection->stream, &request, upstream.request_timeout,
                                      upstream.max_response_body);
     if (attempt.kind == Attempt::Kind::stale && pooled) {

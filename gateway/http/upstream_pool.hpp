@@ -17,6 +17,8 @@ namespace idemgate::http {
 /// - Servers are used round robin. Only a connect failure (refused, unreachable, past
 ///   `connect_timeout`) moves a request to the next server; once a byte was written the request
 ///   never goes to another server (C08).
+/// - The request goes out as HTTP/1.1 with Content-Length framing; a request without `Host`
+///   gets the server's `host:port`.
 /// - `request_timeout` covers writing the request and reading the whole response (→ timed_out).
 /// - A pooled connection that fails before the first response byte (write error, EOF or reset)
 ///   is retried once on a fresh connection to the same server (C08). Any other failure after

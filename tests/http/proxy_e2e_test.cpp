@@ -72,7 +72,8 @@ struct Recorded {
 /// A small HTTP/1.1 server on 127.0.0.1:0 answering by the last path segment:
 /// echo, chunked, hop, error500, head, nocontent, ka1 (Keep-Alive: timeout=1), drop-next (answers,
 /// then drops the next request on that connection unanswered), close (closes unanswered),
-/// close-after (answers, then closes), slow (never answers), gate (answers once released).
+/// close-after (answers, then closes), reset (resets unanswered), slow (never answers), gate
+/// (answers once released).
 class TestUpstream {
  public:
   TestUpstream() : acceptor_(io_, tcp::endpoint(asio::ip::address_v4::loopback(), 0)) {
@@ -176,6 +177,11 @@ class TestUpstream {
       record(req);
       const auto name = last_segment(req.target());
       if (drop_next || name == "close") co_return;
+      if (name == "reset") {  // linger 0: closing sends RST instead of FIN
+        stream.socket().set_option(asio::socket_base::linger(true, 0), ec);
+        stream.socket().close(ec);
+        co_return;
+      }
       if (name == "slow") {
         char byte = 0;  // hold the request until the gateway gives up and closes
         co_await stream.async_read_some(asio::buffer(&byte, 1), use_nothrow);
@@ -341,13 +347,16 @@ config::Route make_route(std::string name, std::string prefix, std::string upstr
   return r;
 }
 
+std::unique_ptr<idemgate::http::RequestHandler> make_proxy(asio::io_context& io, unsigned) {
+  auto pool = std::make_shared<idemgate::http::UpstreamPool>(io.get_executor());
+  return std::make_unique<idemgate::http::ProxyHandler>(std::move(pool));
+}
+
 class Gateway {
  public:
-  explicit Gateway(std::shared_ptr<const config::Config> cfg)
-      : server_(std::move(cfg), [](asio::io_context& io, unsigned) {
-          auto pool = std::make_shared<idemgate::http::UpstreamPool>(io.get_executor());
-          return std::make_unique<idemgate::http::ProxyHandler>(std::move(pool));
-        }) {
+  explicit Gateway(std::shared_ptr<const config::Config> cfg,
+                   idemgate::http::Server::HandlerFactory factory = make_proxy)
+      : server_(std::move(cfg), std::move(factory)) {
     thread_ = std::thread([this] { server_.run(); });
   }
   ~Gateway() {
@@ -368,6 +377,7 @@ class Gateway {
 ///   /slowroute/… → slowup  [a], request_timeout 300ms
 ///   /pair/…     → pair     [a, b]
 ///   /failover/… → failover [refusing, a]
+///   /small/…    → small    [a], max_response_body 4
 struct Env {
   TestUpstream a;
   TestUpstream b;
@@ -393,11 +403,14 @@ struct Env {
     cfg->routes.push_back(make_route("dead", "/dead/", "dead"));
     cfg->routes.push_back(make_route("slow", "/slowroute/", "slowup"));
     cfg->routes.push_back(make_route("pair", "/pair/", "pair"));
+    cfg->upstreams["small"] = make_upstream("small", {a.port()});
+    cfg->upstreams["small"].max_response_body = 4;
     cfg->routes.push_back(make_route("failover", "/failover/", "failover"));
+    cfg->routes.push_back(make_route("small", "/small/", "small"));
   }
 
-  std::uint16_t start() {
-    gateway = std::make_unique<Gateway>(cfg);
+  std::uint16_t start(idemgate::http::Server::HandlerFactory factory = make_proxy) {
+    gateway = std::make_unique<Gateway>(cfg, std::move(factory));
     return gateway->port();
   }
 };
@@ -552,6 +565,18 @@ BOOST_FIXTURE_TEST_CASE(spec_C03_http10_client_never_gets_chunked, Env) {
   BOOST_TEST(client.closed_by_peer());  // HTTP/1.0 without keep-alive
 }
 
+BOOST_FIXTURE_TEST_CASE(http10_client_asking_for_keep_alive_gets_it, Env) {
+  Client client(start());
+  const auto res = client.roundtrip(
+      "POST /u/echo HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: 3\r\n\r\none");
+  BOOST_TEST(res.version() == 10u);
+  BOOST_TEST(res.keep_alive());
+  BOOST_TEST(res.body() == "one");
+  BOOST_TEST(client.roundtrip(request("POST", "/u/echo", "", "two")).body() == "two");
+  BOOST_REQUIRE(a.requests().size() == 2u);
+  BOOST_TEST(a.requests().front().count("Host") == 1u);  // an HTTP/1.1 upstream needs one
+}
+
 BOOST_FIXTURE_TEST_CASE(spec_C03_content_length_with_transfer_encoding_is_400_and_closes, Env) {
   const auto port = start();
   for (const std::string fields : {"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
@@ -694,6 +719,22 @@ BOOST_FIXTURE_TEST_CASE(spec_C05_upstream_closing_without_an_answer_is_502, Env)
   BOOST_TEST(res.result_int() == 502u);
   BOOST_TEST(problem_type(res) == "https://idemgate.dev/problems/upstream-failed");
   BOOST_TEST(client.roundtrip(request("POST", "/u/echo", "", "again")).body() == "again");
+}
+
+BOOST_FIXTURE_TEST_CASE(spec_C05_upstream_resetting_the_connection_is_502, Env) {
+  Client client(start());
+  const auto res = client.roundtrip(request("POST", "/u/reset", "", "x"));
+  BOOST_TEST(res.result_int() == 502u);
+  BOOST_TEST(problem_type(res) == "https://idemgate.dev/problems/upstream-failed");
+  BOOST_TEST(client.roundtrip(request("POST", "/u/echo", "", "again")).body() == "again");
+}
+
+BOOST_FIXTURE_TEST_CASE(response_over_max_response_body_is_502, Env) {
+  Client client(start());
+  const auto res = client.roundtrip(request("POST", "/small/echo", "", "longer than four"));
+  BOOST_TEST(res.result_int() == 502u);
+  BOOST_TEST(problem_type(res) == "https://idemgate.dev/problems/upstream-failed");
+  BOOST_TEST(client.roundtrip(request("POST", "/small/echo", "", "tiny")).body() == "tiny");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -849,6 +890,37 @@ BOOST_FIXTURE_TEST_CASE(stop_finishes_in_flight_requests_and_closes_idle_connect
   BOOST_TEST(res.result_int() == 200u);
   BOOST_TEST(res.body() == "held");
   BOOST_TEST(!res.keep_alive());
+}
+
+namespace {
+class ThrowingHandler final : public idemgate::http::RequestHandler {
+ public:
+  asio::awaitable<idemgate::http::HandlerResult> handle(idemgate::http::Exchange) override {
+    throw std::runtime_error("handler bug");
+    co_return idemgate::http::HandlerResult{};
+  }
+};
+}  // namespace
+
+BOOST_FIXTURE_TEST_CASE(handler_exception_is_answered_with_500_and_closes_the_connection, Env) {
+  Client client(start([](asio::io_context&, unsigned) {
+    return std::unique_ptr<idemgate::http::RequestHandler>(std::make_unique<ThrowingHandler>());
+  }));
+  const auto res = client.roundtrip(request("POST", "/u/echo", "", "x"));
+  BOOST_TEST(res.result_int() == 500u);
+  BOOST_TEST(problem_type(res) == "https://idemgate.dev/problems/internal-error");
+  BOOST_TEST(!res.keep_alive());
+  BOOST_TEST(client.closed_by_peer());
+}
+
+BOOST_FIXTURE_TEST_CASE(updated_config_applies_to_the_next_request, Env) {
+  Client client(start());
+  BOOST_TEST(client.roundtrip(request("POST", "/u/echo", "", "x")).result_int() == 200u);
+  auto reloaded = std::make_shared<config::Config>(*cfg);
+  reloaded->routes.clear();
+  gateway->server().update_config(reloaded);
+  BOOST_TEST(client.roundtrip(request("POST", "/u/echo", "", "x")).result_int() == 404u);
+  BOOST_TEST(gateway->server().config() == reloaded);
 }
 
 BOOST_FIXTURE_TEST_CASE(spec_C32_each_request_logs_one_json_access_line, Env) {
