@@ -182,9 +182,8 @@ asio::awaitable<bool> Session::serve_one(beast::flat_buffer& buffer,
   bool keep_alive = false;
   bool head = false;
   unsigned version = 11;
-  bool answered = true;  // false: the connection ended without a response to log
 
-  // Everything up to the handler call; sets `result` when the gateway answers itself.
+  // A request the gateway refuses itself (C03, C04); the connection closes after the answer.
   std::optional<Problem> reject;
   std::string reject_detail;
   stream_.expires_after(limits.header_read_timeout);
@@ -296,7 +295,6 @@ asio::awaitable<bool> Session::serve_one(beast::flat_buffer& buffer,
     wec = ec;
   }
   if (wec) keep_alive = false;
-  answered = !wec;
 
   const auto total = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
   log_json(spdlog::level::info, "access",
@@ -310,7 +308,7 @@ asio::awaitable<bool> Session::serve_one(beast::flat_buffer& buffer,
             {"upstream_ms", to_ms(result.upstream_time)},
             {"total_ms", to_ms(total)},
             {"client", client_ip_},
-            {"written", answered}});
+            {"written", !wec}});
   co_return keep_alive;
 }
 
