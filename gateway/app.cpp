@@ -89,7 +89,7 @@ class ThreadHandler final : public http::RequestHandler {
 
 void setup_logging() {
   auto logger = spdlog::stderr_logger_mt("idemgate");
-  logger->set_pattern("%v");
+  logger->set_formatter(http::make_json_formatter());
   logger->flush_on(spdlog::level::trace);
   spdlog::set_default_logger(std::move(logger));
 }
