@@ -11,6 +11,7 @@
 #include <csignal>
 #include <thread>
 
+#include "gateway/cleaner.hpp"
 #include "gateway/config/config_loader.hpp"
 #include "gateway/http/json_log.hpp"
 #include "gateway/http/server.hpp"
@@ -164,6 +165,9 @@ int run_gateway(const std::string& config_path, bool migrate) {
   signals.async_wait(on_signal);
   std::thread signal_thread([&signals_io] { signals_io.run(); });
 
+  Cleaner cleaner(*config);
+  cleaner.start();
+
   int status = kExitOk;
   try {
     log_json(spdlog::level::info, "starting",
@@ -175,6 +179,7 @@ int run_gateway(const std::string& config_path, bool migrate) {
   }
   signals_io.stop();
   signal_thread.join();
+  cleaner.stop();
   server.reset();
   log_json(spdlog::level::info, "stopped", {{"status", status}});
   return status;

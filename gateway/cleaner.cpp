@@ -1,0 +1,87 @@
+#include "gateway/cleaner.hpp"
+
+#include <spdlog/spdlog.h>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "gateway/http/json_log.hpp"
+#include "storage/pg/pg_pool.hpp"
+#include "storage/pg/pg_record_store.hpp"
+
+namespace idemgate {
+namespace asio = boost::asio;
+
+struct Cleaner::State {
+  explicit State(const config::Config& config)
+      : io(std::make_unique<asio::io_context>()),
+        interval(config.storage.cleanup.interval),
+        batch(config.storage.cleanup.batch),
+        pool(io->get_executor(),
+             {config.storage.postgres.dsn, 1, config.storage.postgres.operation_timeout, {}}),
+        store(pool) {}
+  // Pending coroutine frames go first, while the pool and store they refer to still exist.
+  ~State() { io.reset(); }
+
+  std::unique_ptr<asio::io_context> io;
+  std::chrono::milliseconds interval;
+  int batch;
+  storage::pg::PgPool pool;
+  storage::pg::PgRecordStore store;
+};
+
+Cleaner::Cleaner(const config::Config& config) : state_(std::make_unique<State>(config)) {}
+
+Cleaner::~Cleaner() {
+  stop();
+}
+
+void Cleaner::start() {
+  State* state = state_.get();
+  std::atomic<std::uint64_t>* total = &deleted_total_;
+  asio::co_spawn(
+      *state->io,
+      [state, total]() -> asio::awaitable<void> {
+        constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+        asio::steady_timer timer(*state->io);
+        for (;;) {
+          timer.expires_after(state->interval);
+          auto [ec] = co_await timer.async_wait(use_nothrow);
+          if (ec) co_return;
+          std::int64_t round = 0;
+          for (;;) {
+            auto deleted = co_await state->store.delete_expired(state->batch);
+            if (!deleted) {
+              http::log_json(spdlog::level::warn, "cleanup failed; retrying next interval",
+                             {{"error", deleted.error().message()}});
+              break;
+            }
+            round += *deleted;
+            total->fetch_add(static_cast<std::uint64_t>(*deleted), std::memory_order_relaxed);
+            if (*deleted < state->batch) break;
+          }
+          if (round > 0) {
+            http::log_json(spdlog::level::info, "expired records deleted", {{"deleted", round}});
+          }
+        }
+      },
+      [](std::exception_ptr e) {
+        if (e) {
+          try {
+            std::rethrow_exception(e);
+          } catch (const std::exception& ex) {
+            http::log_json(spdlog::level::err, "cleaner stopped", {{"error", ex.what()}});
+          }
+        }
+      });
+  thread_ = std::thread([state] { state->io->run(); });
+}
+
+void Cleaner::stop() {
+  if (!thread_.joinable()) return;
+  state_->io->stop();
+  thread_.join();
+}
+
+}  // namespace idemgate
