@@ -11,6 +11,7 @@
 #include "gateway/core/fingerprint.hpp"
 #include "gateway/core/idempotency_key.hpp"
 #include "gateway/http/problem.hpp"
+#include "gateway/http/upstream_pool.hpp"
 
 namespace idemgate {
 namespace asio = boost::asio;
@@ -96,23 +97,28 @@ core::UpstreamReply to_reply(http::ForwardResult result) {
   return reply;
 }
 
-http::Response to_response(core::StoredResponse stored, unsigned version, bool keep_alive) {
-  http::Response res{static_cast<bhttp::status>(stored.status), version};
+// Version, keep-alive, Date and framing are set by the session when it writes the response.
+constexpr unsigned kHttp11 = 11;
+
+http::Response to_response(core::StoredResponse stored) {
+  http::Response res{static_cast<bhttp::status>(stored.status), kHttp11};
   for (auto& [name, value] : stored.headers) res.insert(name, value);
   res.body() = std::move(stored.body);
-  res.keep_alive(keep_alive);
   return res;
 }
 
-http::Response upstream_problem(core::UpstreamReply::Kind kind, const std::string& detail,
-                                unsigned version, bool keep_alive) {
+http::Response problem(http::Problem kind, std::string detail) {
+  return http::make_problem(kind, std::move(detail), kHttp11, true);
+}
+
+http::Response upstream_problem(core::UpstreamReply::Kind kind, std::string detail) {
   switch (kind) {
     case core::UpstreamReply::Kind::timed_out:
-      return http::make_problem(http::Problem::upstream_timeout, detail, version, keep_alive);
+      return problem(http::Problem::upstream_timeout, std::move(detail));
     case core::UpstreamReply::Kind::unknown_outcome:
-      return http::make_problem(http::Problem::upstream_failed, detail, version, keep_alive);
+      return problem(http::Problem::upstream_failed, std::move(detail));
     default:
-      return http::make_problem(http::Problem::upstream_unreachable, detail, version, keep_alive);
+      return problem(http::Problem::upstream_unreachable, std::move(detail));
   }
 }
 
@@ -137,23 +143,12 @@ IdempotencyHandler::IdempotencyHandler(http::Forwarder& forwarder, core::RecordS
 
 asio::awaitable<http::HandlerResult> IdempotencyHandler::pass_through(http::Exchange exchange,
                                                                       const char* outcome) {
-  const unsigned version = exchange.request.version();
-  const bool keep_alive = exchange.request.keep_alive();
   http::ForwardResult fwd =
       co_await forwarder_.forward(*exchange.upstream, std::move(exchange.request));
   http::HandlerResult result;
-  result.outcome = outcome;
+  result.outcome = fwd.kind == http::ForwardResult::Kind::response ? outcome : "upstream_error";
   result.upstream_time = fwd.upstream_time;
-  if (fwd.kind == http::ForwardResult::Kind::response) {
-    result.response = std::move(fwd.response);
-    result.response.erase(kReplayedField);
-    result.response.erase(kBodyOmittedField);
-    result.response.keep_alive(keep_alive);
-    co_return result;
-  }
-  result.outcome = "upstream_error";
-  result.response =
-      upstream_problem(to_reply(std::move(fwd)).kind, fwd.detail, version, keep_alive);
+  result.response = http::forward_result_response(std::move(fwd));
   co_return result;
 }
 
@@ -170,15 +165,10 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
     co_return co_await pass_through(std::move(exchange), "passthrough");  // C11, C12
   }
 
-  const unsigned version = req.version();
-  const bool keep_alive = req.keep_alive();
   const core::KeyParse key = read_key(idem.key_source, req);
   if (key.status == core::KeyParse::Status::invalid) {
     co_return http::HandlerResult{
-        http::make_problem(http::Problem::invalid_key, key.detail, version, keep_alive),
-        "invalid_key",
-        {},
-        {}};
+        problem(http::Problem::invalid_key, key.detail), "invalid_key", {}, {}};
   }
   if (key.status == core::KeyParse::Status::absent) {
     if (idem.mode == config::IdempotencyMode::optional) {
@@ -200,10 +190,7 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
         break;
     }
     co_return http::HandlerResult{
-        http::make_problem(http::Problem::missing_key, detail, version, keep_alive),
-        "missing_key",
-        {},
-        {}};
+        problem(http::Problem::missing_key, std::move(detail)), "missing_key", {}, {}};
   }
 
   const auto scope_headers = header_values(req, idem.key_scope_headers);
@@ -254,15 +241,15 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
   switch (decision.outcome) {
     case core::Outcome::executed:
     case core::Outcome::not_stored:
-      result.response = to_response(std::move(decision.response), version, keep_alive);
+      result.response = to_response(std::move(decision.response));
       break;
     case core::Outcome::unprotected:
-      result.response = to_response(std::move(decision.response), version, keep_alive);
+      result.response = to_response(std::move(decision.response));
       result.response.set(kStatusField, "unprotected");
       break;
     case core::Outcome::replayed: {
       const bool omitted = decision.response.body_omitted;
-      result.response = to_response(std::move(decision.response), version, keep_alive);
+      result.response = to_response(std::move(decision.response));
       result.response.set(kReplayedField, "true");
       if (omitted) result.response.set(kBodyOmittedField, "true");
       break;
@@ -270,22 +257,19 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
     case core::Outcome::mismatch: {
       result.response = http::make_problem_with_status(http::Problem::key_mismatch,
                                                        static_cast<unsigned>(idem.on_mismatch),
-                                                       decision.detail, version, keep_alive);
+                                                       std::move(decision.detail), kHttp11, true);
       break;
     }
     case core::Outcome::in_flight:
-      result.response = http::make_problem(http::Problem::request_in_flight, decision.detail,
-                                           version, keep_alive);
+      result.response = problem(http::Problem::request_in_flight, std::move(decision.detail));
       result.response.set(bhttp::field::retry_after, "1");
       break;
     case core::Outcome::store_unavailable:
-      result.response = http::make_problem(http::Problem::store_unavailable, decision.detail,
-                                           version, keep_alive);
+      result.response = problem(http::Problem::store_unavailable, std::move(decision.detail));
       result.response.set(bhttp::field::retry_after, "1");
       break;
     case core::Outcome::upstream_error:
-      result.response =
-          upstream_problem(decision.upstream_kind, decision.detail, version, keep_alive);
+      result.response = upstream_problem(decision.upstream_kind, std::move(decision.detail));
       break;
   }
   co_return result;
