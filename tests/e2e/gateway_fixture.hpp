@@ -1,0 +1,328 @@
+#pragma once
+// End-to-end fixture for the gateway: the real `idemgate` and `payment-service` binaries as child
+// processes on loopback, a small in-test upstream for statuses and failures the payment service
+// does not produce, and direct looks into Postgres and Redis to check what the gateway stored.
+//
+// Stores come from IDEMGATE_PG_DSN, IDEMGATE_PAYMENTS_DSN and IDEMGATE_REDIS_ADDR, binaries from
+// IDEMGATE_BINARY_DIR; a missing variable throws, so the test fails rather than skips (STYLE).
+// Tests share the databases with other runs: they use unique keys and payment ids
+// (unique_name()) and never truncate a table.
+
+#include <boost/json/object.hpp>
+#include <boost/test/tools/assertion_result.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "tests/support/http_client.hpp"
+#include "tests/support/process.hpp"
+
+struct redisContext;  // hiredis
+struct pg_conn;       // libpq's PGconn
+
+namespace idemgate::test::e2e {
+
+/// The loopback address every process here listens on.
+inline const std::string kLoopback = "127.0.0.1";
+
+/// How long the fixture waits for an event (a process listening, a request arriving) before it
+/// fails: a safety net against hangs, not a measured threshold.
+inline constexpr std::chrono::seconds kEventDeadline{30};
+
+/// `prefix-<random per run>-<counter>`: unique across runs and within one, so that tests
+/// sharing a database never meet each other's keys or payments. Thread-safe.
+std::string unique_name(std::string_view prefix);
+
+/// The last `lines` lines of the file at `path` ("" when it cannot be read).
+std::string file_tail(const std::string& path, std::size_t lines = 30);
+
+/// Status, fields and body of a response, for failure messages.
+std::string describe(const HttpResponse& response);
+
+/// True when `response` is an RFC 9457 problem (SPEC C33): status `status`, Content-Type
+/// `application/problem+json`, and a JSON object body whose `type`, `title` and `detail` are
+/// non-empty strings and whose `status` equals the HTTP status. The failure message says what
+/// is wrong and shows the response. Use as `BOOST_TEST(is_problem(res, 404))`.
+boost::test_tools::assertion_result is_problem(const HttpResponse& response, unsigned status);
+
+/// The `type` member of a problem body ("" when the body is not a JSON object with one).
+std::string problem_type(const HttpResponse& response);
+
+/// A directory under the system temp directory, removed with its content by the destructor.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Waits until the child logs its JSON `listening` line on stderr (both binaries log
+/// `{"msg":"listening",…,"port":N}` once their socket is bound) and returns that port. Throws
+/// std::runtime_error with the stderr tail when the child exits or kEventDeadline passes.
+std::uint16_t wait_for_listening(ChildProcess& child, const std::string& stderr_path,
+                                 const std::string& what);
+
+// ---------------------------------------------------------------------------------------------
+
+/// The example upstream (examples/payment-service) on an OS-chosen loopback port against
+/// IDEMGATE_PAYMENTS_DSN. Started and ready (/healthz answered) when the constructor returns;
+/// stopped by PID in the destructor.
+class PaymentService {
+ public:
+  struct Options {
+    int delay_ms = 0;  ///< `--delay-ms`: every POST sleeps this long before its work
+  };
+
+  PaymentService() : PaymentService(Options{}) {}
+  explicit PaymentService(Options options);
+  ~PaymentService();
+  PaymentService(const PaymentService&) = delete;
+  PaymentService& operator=(const PaymentService&) = delete;
+
+  std::uint16_t port() const { return port_; }
+  /// `127.0.0.1:PORT`, as a gateway upstream server.
+  std::string address() const;
+  /// GET /stats: payment_posts, payments_inserted, refunds, events… since start.
+  boost::json::object stats() const;
+  /// One counter of stats().
+  std::uint64_t counter(const char* name) const;
+  /// Waits until counter(name) ≥ value (the service counts a POST before its delay, so this
+  /// tells that a request has reached it). Returns false after kEventDeadline.
+  bool wait_for_counter(const char* name, std::uint64_t value) const;
+  std::string stderr_tail() const { return file_tail(stderr_path_); }
+
+ private:
+  TempDir dir_;
+  std::string stderr_path_;
+  ChildProcess child_;
+  std::uint16_t port_ = 0;
+};
+
+/// A request body for POST /payments of the payment service.
+std::string payment_body(const std::string& external_id, const std::string& amount = "10.50",
+                         const std::string& provider = "stripe");
+
+// ---------------------------------------------------------------------------------------------
+
+/// A request as the in-test upstream received it.
+struct ReceivedRequest {
+  std::string method;
+  std::string target;
+  HeaderList headers;  ///< in wire order, repeated names kept
+  std::string body;
+
+  /// Every value of fields named `name` (case-insensitive), in order.
+  std::vector<std::string> values(std::string_view name) const;
+  /// The first value of `name`, or nullopt.
+  std::optional<std::string> value(std::string_view name) const;
+};
+
+/// How the in-test upstream answers one request.
+struct UpstreamReply {
+  unsigned status = 201;
+  /// Fields written as given, in order. Content-Length is added unless a framing field is
+  /// among them.
+  HeaderList headers = {{"Content-Type", "application/json"}};
+  /// The body; nullopt: `{"path":"/p","n":N}` where N counts the requests to that path (1 for
+  /// the first), so every execution has its own body.
+  std::optional<std::string> body;
+  /// Waits this long before answering (e.g. longer than a route's request_timeout).
+  std::chrono::milliseconds delay{0};
+  /// Holds the reply until TestUpstream::release() (then `delay` applies): keeps a request in
+  /// flight for as long as the test needs, without a clock.
+  bool hold = false;
+  /// Reads the request, then resets the connection (SO_LINGER 0) without answering.
+  bool reset = false;
+};
+
+/// A small HTTP/1.1 upstream on 127.0.0.1 with an OS-chosen port, served by one thread. It
+/// answers by path (the target without its query): the n-th request to a path gets the n-th
+/// reply scripted for it, the last one repeating; unscripted paths get UpstreamReply{}. It
+/// records every request it read.
+///
+/// @par Thread Safety
+/// All members may be called from any thread.
+class TestUpstream {
+ public:
+  TestUpstream();
+  ~TestUpstream();
+  TestUpstream(const TestUpstream&) = delete;
+  TestUpstream& operator=(const TestUpstream&) = delete;
+
+  std::uint16_t port() const { return port_; }
+  /// `127.0.0.1:PORT`, as a gateway upstream server.
+  std::string address() const;
+
+  /// Scripts the replies for `path` and restarts its reply sequence.
+  void on(const std::string& path, std::vector<UpstreamReply> replies);
+
+  /// Requests received for `path`, in arrival order.
+  std::vector<ReceivedRequest> received(const std::string& path) const;
+  /// How many requests arrived for `path`.
+  std::size_t count(const std::string& path) const;
+  /// How many requests arrived in total.
+  std::size_t total() const;
+  /// Waits until at least `n` requests arrived for `path`; false after kEventDeadline.
+  bool wait_for(const std::string& path, std::size_t n) const;
+  /// Lets every held reply (UpstreamReply::hold) go, and every later one pass without holding.
+  void release();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::uint16_t port_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+/// One entry of `upstreams:`.
+struct UpstreamConfig {
+  std::string name;
+  std::vector<std::string> servers;  ///< "127.0.0.1:PORT"
+  std::string connect_timeout = "1s";
+  std::string request_timeout = "20s";
+};
+
+/// One entry of `routes:`, built from the parameters tests vary.
+struct RouteConfig {
+  std::string name;
+  std::string path_prefix;
+  std::string upstream;
+  std::vector<std::string> match_methods;  ///< empty: every method
+  std::string mode = "off";                ///< off | optional | required
+  std::vector<std::string> methods;        ///< idempotency.methods; empty: the default
+  std::vector<std::string> key_scope_headers;
+  /// Further `key: value` lines of the `idempotency` mapping, written as given.
+  std::vector<std::string> extra;
+};
+
+/// A gateway configuration (SPEC §2). Listen and admin ports are 0 (the OS chooses; the
+/// fixture reads the bound port from the `listening` log line); storage comes from
+/// IDEMGATE_PG_DSN and IDEMGATE_REDIS_ADDR.
+struct GatewayConfig {
+  std::vector<UpstreamConfig> upstreams;
+  std::vector<RouteConfig> routes;
+  /// When not empty, the YAML list under `routes:` as text, used instead of `routes`.
+  std::string routes_yaml;
+  /// The flow mapping of `limits`.
+  std::string limits = "{ max_request_body: 1MiB, drain_timeout: 2s }";
+  int threads = 2;
+
+  /// The YAML text. Throws std::runtime_error when a store variable is missing.
+  std::string render() const;
+};
+
+/// One or more `idemgate --config F` processes sharing one configuration file and the stores,
+/// each with its stderr in its own file. Every instance listens when the constructor returns;
+/// the destructor stops them by PID and, when the current test has failed, logs the tail of
+/// each one's stderr.
+class Gateway {
+ public:
+  explicit Gateway(const GatewayConfig& config, int instances = 1);
+  ~Gateway();
+  Gateway(const Gateway&) = delete;
+  Gateway& operator=(const Gateway&) = delete;
+
+  int instances() const { return static_cast<int>(children_.size()); }
+  std::uint16_t port(int instance = 0) const { return ports_.at(instance); }
+  std::string stderr_text(int instance = 0) const;
+  std::string stderr_tail(int instance = 0) const;
+  /// The stderr tails of every instance, labelled, for failure messages.
+  std::string diagnostics() const;
+  /// describe(response) followed by diagnostics().
+  std::string explain(const HttpResponse& response) const;
+
+  /// Sends `request` on a fresh connection to `instance`.
+  HttpResponse send(const HttpRequest& request, int instance = 0) const;
+  /// A kept-alive connection to `instance`.
+  std::unique_ptr<HttpConnection> connect(int instance = 0) const;
+  /// Stops `instance` (SIGTERM, then SIGKILL) and returns its exit status.
+  int stop(int instance = 0);
+
+ private:
+  TempDir dir_;
+  std::string config_path_;
+  std::vector<std::string> stderr_paths_;
+  std::vector<std::unique_ptr<ChildProcess>> children_;
+  std::vector<std::uint16_t> ports_;
+};
+
+/// A POST with `Content-Type: application/json` and, when `key` is given, `Idempotency-Key: key`
+/// (the raw field value); `extra` fields follow in order.
+HttpRequest keyed_post(const std::string& target, const std::optional<std::string>& key,
+                       const std::string& body, HeaderList extra = {});
+
+/// What one concurrent request ended with: a response, or the exception text.
+struct ConcurrentResult {
+  HttpResponse response;
+  std::string error;
+};
+
+/// Runs `send(i)` for i in [0, n) on n threads at once (released together once all are ready);
+/// `send` should open its own connection. Returns the results by index.
+std::vector<ConcurrentResult> run_concurrently(
+    std::size_t n, const std::function<HttpResponse(std::size_t)>& send);
+
+// ---------------------------------------------------------------------------------------------
+
+/// A libpq connection for looking at tables directly. Throws std::runtime_error on failure.
+class Database {
+ public:
+  explicit Database(const std::string& dsn);
+  ~Database();
+  Database(const Database&) = delete;
+  Database& operator=(const Database&) = delete;
+
+  /// The first row of the result as text columns (NULL as ""), or nullopt for no row.
+  std::optional<std::vector<std::string>> row(const std::string& sql,
+                                              const std::vector<std::string>& params = {});
+  /// The first column of the first row ("" for no row).
+  std::string scalar(const std::string& sql, const std::vector<std::string>& params = {});
+
+ private:
+  ::pg_conn* conn_;
+};
+
+/// A synchronous Redis connection (hiredis) to IDEMGATE_REDIS_ADDR for inspecting and
+/// disturbing the gateway's locks. Throws std::runtime_error on failure.
+class RedisClient {
+ public:
+  RedisClient();
+  ~RedisClient();
+  RedisClient(const RedisClient&) = delete;
+  RedisClient& operator=(const RedisClient&) = delete;
+
+  bool exists(const std::string& key);
+  /// Deletes `key`; returns how many keys were removed.
+  long long del(const std::string& key);
+
+ private:
+  ::redisContext* context_;
+};
+
+/// Hex of the record id the gateway derives for `key` on route `route` whose key_scope headers
+/// carried `scope_values` (one list of values per configured header, SPEC §4). This is the
+/// primary key of `idempotency_record` (as bytea) and the suffix of the Redis lock key.
+std::string record_id_hex(
+    const std::string& route, const std::string& key,
+    const std::vector<std::pair<std::string, std::vector<std::string>>>& scope_values = {});
+
+/// The Redis key of the in-flight lock for a record id (SPEC C23).
+std::string lock_key(const std::string& record_id_hex);
+
+}  // namespace idemgate::test::e2e
