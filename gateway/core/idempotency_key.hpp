@@ -39,10 +39,15 @@ KeyParse parse_key_field(std::string_view field_name, std::span<const std::strin
 /// "a"+"b|c" never collide. All parts absent → absent; some but not all present → invalid.
 KeyParse join_key_parts(std::span<const std::string> names, std::span<const KeyParse> parts);
 
-/// A key from a JSON body at RFC 6901 pointer `pointer` (SPEC C37). The value must be a string
-/// (1–255 characters, taken verbatim) or an integer; `42` and `"42"` are different keys (strings
-/// are prefixed `s:`, integers `i:`). A body that is not JSON or any other value type → invalid;
-/// the pointer absent from a JSON body → absent.
+/// A key from a JSON body at RFC 6901 pointer `pointer` (SPEC C37; `~0` is `~`, `~1` is `/`,
+/// array elements by decimal index without leading zeros, `-` matches nothing). The value must be
+/// a string of 1–255 characters (Unicode characters, taken verbatim after JSON unescaping) or an
+/// integer; `42` and `"42"` are different keys (strings are prefixed `s:`, integers `i:`).
+/// Invalid (→ 400): a body that is empty or not one strict JSON document (RFC 8259, UTF-8, no
+/// comments, nesting ≤ 32), any other value type at the pointer, or a member name repeated in
+/// any object on the pointer's path (`{"event_id":1,"event_id":2}`: the gateway and the upstream
+/// could pick different ones). A repeated name elsewhere in the body is accepted. The pointer
+/// absent from a JSON body (including a path through a scalar) → absent. One pass, no DOM.
 KeyParse parse_json_pointer_key(std::string_view body, std::string_view pointer);
 
 }  // namespace idemgate::core
