@@ -256,22 +256,31 @@ BOOST_AUTO_TEST_CASE(spec_C04_oversized_body_413_and_header_431_forward_nothing_
   BOOST_TEST(upstream.total() == 1u);
 }
 
-BOOST_AUTO_TEST_CASE(spec_C05_refused_upstream_502_and_slow_upstream_504_keep_the_connection) {
+BOOST_AUTO_TEST_CASE(
+    spec_C05_refused_or_reset_upstream_502_and_slow_upstream_504_keep_the_connection) {
   TestUpstream upstream;
   // Answers after a minute: far beyond the route's request_timeout.
   upstream.on("/slow", {reply_after(std::chrono::minutes(1))});
+  UpstreamReply reset;
+  reset.reset = true;
+  upstream.on("/reset", {reset});
   GatewayConfig config;
   config.upstreams = {{"dead", {refusing_address()}},
                       {"slow", {upstream.address()}, "1s", "300ms"},
                       {"live", {upstream.address()}}};
   config.routes = {route("dead", "/dead", "dead", "off"), route("slow", "/slow", "slow", "off"),
-                   route("live", "/live", "live", "off")};
+                   route("live", "/live", "live", "off"), route("reset", "/reset", "live", "off")};
   Gateway gateway(config);
 
   auto connection = gateway.connect();
   const HttpResponse refused = connection->request(keyed_post("/dead", std::nullopt, "{}"));
   BOOST_TEST(is_problem(refused, 502));
   BOOST_TEST(refused.keep_alive);
+
+  const HttpResponse reset_res = connection->request(keyed_post("/reset", std::nullopt, "{}"));
+  BOOST_TEST(is_problem(reset_res, 502));
+  BOOST_TEST(reset_res.keep_alive);
+  BOOST_TEST(upstream.count("/reset") >= 1u);
 
   const HttpResponse slow = connection->request(keyed_post("/slow", std::nullopt, "{}"));
   BOOST_TEST(is_problem(slow, 504));

@@ -22,13 +22,17 @@
 #include <boost/json/parse.hpp>
 #include <boost/test/results_collector.hpp>
 #include <boost/test/unit_test.hpp>
+#include <condition_variable>
 #include <deque>
 #include <exception>
 #include <fstream>
 #include <latch>
+#include <map>
+#include <mutex>
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "gateway/core/fingerprint.hpp"
 #include "gateway/core/hash.hpp"
@@ -208,6 +212,10 @@ ChildOptions payment_options(const PaymentService::Options& options, const std::
   if (options.delay_ms > 0) {
     o.args.push_back("--delay-ms");
     o.args.push_back(std::to_string(options.delay_ms));
+  }
+  if (options.keep_alive_timeout_s > 0) {
+    o.args.push_back("--keep-alive-timeout");
+    o.args.push_back(std::to_string(options.keep_alive_timeout_s));
   }
   o.stderr_path = stderr_path;
   o.stdout_path = stdout_path;
@@ -444,10 +452,11 @@ std::string GatewayConfig::render() const {
     << "limits: " << limits << "\n"
     << "storage:\n"
     << "  postgres: { dsn: " << yaml_quoted(require_env("IDEMGATE_PG_DSN"))
-    << ", pool_size: 4, operation_timeout: 2s }\n"
+    << ", pool_size: 4, operation_timeout: " << postgres_operation_timeout << " }\n"
     << "  redis: { address: " << redis_host << ", port: " << redis_port
-    << ", operation_timeout: 500ms }\n"
-    << "upstreams:\n";
+    << ", operation_timeout: " << redis_operation_timeout << " }\n";
+  if (!cleanup.empty()) y << "  cleanup: " << cleanup << "\n";
+  y << "upstreams:\n";
   for (const auto& u : upstreams) {
     y << "  " << u.name << ":\n"
       << "    servers: " << yaml_list(u.servers, true) << "\n"
@@ -535,6 +544,10 @@ std::unique_ptr<HttpConnection> Gateway::connect(int instance) const {
 
 int Gateway::stop(int instance) {
   return children_.at(instance)->stop();
+}
+
+void Gateway::signal(int signo, int instance) {
+  children_.at(instance)->signal(signo);
 }
 
 HttpRequest keyed_post(const std::string& target, const std::optional<std::string>& key,

@@ -11,17 +11,13 @@
 #include <boost/json/object.hpp>
 #include <boost/test/tools/assertion_result.hpp>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "tests/support/http_client.hpp"
@@ -86,6 +82,9 @@ class PaymentService {
  public:
   struct Options {
     int delay_ms = 0;  ///< `--delay-ms`: every POST sleeps this long before its work
+    /// `--keep-alive-timeout` in seconds (advertised as `Keep-Alive: timeout=N`); 0: the
+    /// service's default.
+    int keep_alive_timeout_s = 0;
   };
 
   PaymentService() : PaymentService(Options{}) {}
@@ -222,6 +221,12 @@ struct GatewayConfig {
   /// The flow mapping of `limits`.
   std::string limits = "{ max_request_body: 1MiB, drain_timeout: 2s }";
   int threads = 2;
+  /// `storage.postgres.operation_timeout` and `storage.redis.operation_timeout` (SPEC C25).
+  std::string postgres_operation_timeout = "2s";
+  std::string redis_operation_timeout = "500ms";
+  /// The flow mapping of `storage.cleanup` (e.g. `{ interval: 1s, batch: 2 }`); empty: not
+  /// written, the defaults apply (SPEC C24).
+  std::string cleanup;
 
   /// The YAML text. Throws std::runtime_error when a store variable is missing.
   std::string render() const;
@@ -253,6 +258,8 @@ class Gateway {
   std::unique_ptr<HttpConnection> connect(int instance = 0) const;
   /// Stops `instance` (SIGTERM, then SIGKILL) and returns its exit status.
   int stop(int instance = 0);
+  /// Sends `signo` to `instance` (e.g. SIGKILL: a gateway that dies mid-request, SPEC C23).
+  void signal(int signo, int instance = 0);
 
  private:
   TempDir dir_;
