@@ -3,3 +3,8 @@
 idemgate_test(record_store_pg_test pg
   SOURCES storage/record_store_pg_test.cpp
   LIBS idemgate_pg)
+
+# The same contract suite on PgRecordStore with group commit (PgBatchWriter), plus batching cases.
+idemgate_test(record_store_batched_pg_test pg
+  SOURCES storage/record_store_batched_pg_test.cpp
+  LIBS idemgate_pg)

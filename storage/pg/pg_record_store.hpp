@@ -4,9 +4,11 @@
 #include <boost/system/result.hpp>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 #include "gateway/core/record_store.hpp"
+#include "storage/pg/pg_batch_writer.hpp"
 #include "storage/pg/pg_pool.hpp"
 
 namespace idemgate::storage::pg {
@@ -22,7 +24,19 @@ namespace idemgate::storage::pg {
 /// As PgPool: one store per io thread, over that thread's pool, which must outlive it.
 class PgRecordStore final : public core::RecordStore {
  public:
-  explicit PgRecordStore(PgPool& pool) : pool_(pool) {}
+  struct Options {
+    /// Route insert() through a PgBatchWriter (group commit): concurrent inserts of this
+    /// thread share one statement and one commit. Results and errors are those of the
+    /// single-row insert; records with a body over `batch_max_body` bytes go one by one.
+    bool group_commit = false;
+    std::size_t batch_max_body = 64 * 1024;
+    PgBatchWriter::Options batch;
+  };
+
+  explicit PgRecordStore(PgPool& pool);
+  /// `executor` is the pool's (the io thread's), on which the batch writer runs.
+  PgRecordStore(PgPool& pool, boost::asio::any_io_executor executor, Options options);
+  ~PgRecordStore() override;
 
   /// `SELECT … WHERE id = $1 AND expires_at > now()`.
   boost::asio::awaitable<boost::system::result<std::optional<core::StoredRecord>>> find(
@@ -41,8 +55,16 @@ class PgRecordStore final : public core::RecordStore {
   /// without holding long locks (C24). Idempotent.
   boost::asio::awaitable<boost::system::result<std::int64_t>> delete_expired(int batch);
 
+  /// The group-commit writer, or nullptr when Options::group_commit is off.
+  const PgBatchWriter* batch_writer() const noexcept { return batch_.get(); }
+
  private:
+  boost::asio::awaitable<boost::system::result<core::InsertResult>> insert_one(
+      core::StoredRecord record, std::chrono::milliseconds ttl, Deadline deadline);
+
   PgPool& pool_;
+  Options options_;
+  std::unique_ptr<PgBatchWriter> batch_;
 };
 
 }  // namespace idemgate::storage::pg
