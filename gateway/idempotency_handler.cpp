@@ -130,6 +130,7 @@ core::RoutePolicy route_policy(const config::Idempotency& idempotency) {
   policy.lock_ttl = idempotency.lock_ttl;
   policy.wait_for_in_flight = idempotency.concurrency == config::Concurrency::wait;
   policy.wait_timeout = idempotency.wait_timeout;
+  policy.max_waiters = idempotency.max_waiters;
   policy.store_statuses = idempotency.store_statuses;
   policy.max_stored_response = idempotency.max_stored_response;
   policy.hold_on_unknown_outcome = idempotency.on_unknown_outcome == config::UnknownOutcome::hold;

@@ -108,6 +108,9 @@ struct Idempotency {
   int on_mismatch = 422;  ///< 422 | 409 | 400
   Concurrency concurrency = Concurrency::reject;
   Duration wait_timeout = std::chrono::seconds(10);
+  /// `concurrency: wait`: requests that may wait for one key on one gateway thread at a time;
+  /// more get 409 at once (C18). 0–10000; 0 makes `wait` answer like `reject`.
+  std::size_t max_waiters = 32;
   core::StatusSet store_statuses = core::StatusSet::default_storable();
   std::size_t max_stored_response = 8 * 1024 * 1024;  ///< bytes of body
   UnknownOutcome on_unknown_outcome = UnknownOutcome::hold;

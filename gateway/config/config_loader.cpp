@@ -666,8 +666,8 @@ void Loader::idempotency(const Field& f, Route& route) {
   const Map m(*this, f,
               {"mode", "methods", "ttl", "lock_ttl", "key_scope", "fingerprint", "upstream_key",
                "upstream_key_secret_file", "key_source", "on_mismatch", "concurrency",
-               "wait_timeout", "store_statuses", "max_stored_response", "on_unknown_outcome",
-               "fingerprint_body", "on_store_error"});
+               "wait_timeout", "max_waiters", "store_statuses", "max_stored_response",
+               "on_unknown_outcome", "fingerprint_body", "on_store_error"});
   Idempotency& idem = route.idempotency;
   if (auto v = m.get("mode")) {
     idem.mode = choice<IdempotencyMode>(*v, {{"off", IdempotencyMode::off},
@@ -757,6 +757,9 @@ void Loader::idempotency(const Field& f, Route& route) {
     }
     fail(concurrency->line, join(f.path, "wait_timeout"),
          "wait_timeout " + value + " exceeds 2 x lock_ttl (" + bound + "); set wait_timeout");
+  }
+  if (auto v = m.get("max_waiters")) {
+    idem.max_waiters = static_cast<std::size_t>(integer(*v, 0, 10'000));
   }
   if (auto v = m.get("store_statuses")) {
     std::string error;

@@ -7,6 +7,7 @@
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <memory>
+#include <optional>
 
 namespace idemgate::core {
 namespace asio = boost::asio;
@@ -27,6 +28,25 @@ asio::awaitable<void> sleep_for(std::chrono::milliseconds d) {
 }
 
 }  // namespace
+
+// Counts one waiting request for its record id while it lives.
+class IdempotencyFilter::WaiterSlot {
+ public:
+  WaiterSlot(std::shared_ptr<WaiterCounts> counts, const Sha256& id)
+      : counts_(std::move(counts)), id_(id) {
+    ++(*counts_)[id_];
+  }
+  ~WaiterSlot() {
+    const auto it = counts_->find(id_);
+    if (it != counts_->end() && --it->second == 0) counts_->erase(it);
+  }
+  WaiterSlot(const WaiterSlot&) = delete;
+  WaiterSlot& operator=(const WaiterSlot&) = delete;
+
+ private:
+  std::shared_ptr<WaiterCounts> counts_;
+  Sha256 id_;
+};
 
 const char* outcome_label(Outcome outcome) {
   switch (outcome) {
@@ -51,6 +71,11 @@ const char* outcome_label(Outcome outcome) {
 
 IdempotencyFilter::IdempotencyFilter(RecordStore& store, LockService& lock, FilterEvents events)
     : store_(store), lock_(lock), events_(std::move(events)) {}
+
+std::size_t IdempotencyFilter::waiters(const Sha256& id) const {
+  const auto it = waiters_->find(id);
+  return it == waiters_->end() ? 0 : it->second;
+}
 
 FilterResult IdempotencyFilter::from_record(const StoredRecord& record,
                                             const KeyedRequest& request) const {
@@ -98,12 +123,16 @@ asio::awaitable<FilterResult> IdempotencyFilter::run(RoutePolicy policy, KeyedRe
   const std::string token = random_token();
   const auto deadline = std::chrono::steady_clock::now() + policy.wait_timeout;
   auto backoff = std::chrono::milliseconds(5);
+  std::optional<WaiterSlot> waiting;  // held from the first wait until this request ends
   for (;;) {
     auto acquired = co_await lock_.try_acquire(request.id, token, policy.lock_ttl);
     if (!acquired) {
       co_return co_await on_store_error(policy, "lock acquire", acquired.error(), forward);
     }
-    if (*acquired) co_return co_await execute_locked(policy, request, token, forward);
+    if (*acquired) {
+      waiting.reset();  // no longer a waiter: it executes
+      co_return co_await execute_locked(policy, request, token, forward);
+    }
 
     if (events_.lock_contention) events_.lock_contention();
     // The holder may have committed and released between our lookup and our acquire.
@@ -118,6 +147,18 @@ asio::awaitable<FilterResult> IdempotencyFilter::run(RoutePolicy policy, KeyedRe
           "a request with this idempotency key is still being processed; retry after it "
           "completes";
       co_return result;
+    }
+    if (!waiting) {
+      // Coalescing is bounded: every waiter holds a client connection and polls the store.
+      if (waiters(request.id) >= policy.max_waiters) {
+        FilterResult result;
+        result.outcome = Outcome::in_flight;
+        result.detail =
+            "a request with this idempotency key is still being processed and too many others "
+            "are already waiting for it; retry after it completes";
+        co_return result;
+      }
+      waiting.emplace(waiters_, request.id);
     }
     // concurrency: wait — poll until the first request's record appears or its lock is freed
     // (then compete for it like a new request), bounded by wait_timeout (C18).

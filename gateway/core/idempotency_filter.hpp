@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -23,6 +25,10 @@ struct RoutePolicy {
   std::chrono::milliseconds lock_ttl{std::chrono::seconds(30)};  ///< renewed every lock_ttl/3
   bool wait_for_in_flight = false;  ///< concurrency: wait (C18) instead of reject
   std::chrono::milliseconds wait_timeout{std::chrono::seconds(10)};
+  /// concurrency: wait — requests of one filter (one gateway thread) that may wait for the same
+  /// record id at once; the next one gets Outcome::in_flight without waiting (C18). 0: never
+  /// wait.
+  std::size_t max_waiters = 32;
   StatusSet store_statuses = StatusSet::default_storable();  ///< C21
   std::size_t max_stored_response = 8 * 1024 * 1024;         ///< bytes of body (C29)
   bool hold_on_unknown_outcome = true;                       ///< on_unknown_outcome: hold (C22)
@@ -84,7 +90,8 @@ struct FilterEvents {
 /// are that thread's); not thread-safe.
 ///
 /// Sequence: look the record up (replay or mismatch if found); take the lock with a fresh owner
-/// token (on contention: 409, or wait and poll for the record); look up again now that the lock
+/// token (on contention: 409, or wait and poll for the record, at most
+/// RoutePolicy::max_waiters requests per record id at a time); look up again now that the lock
 /// is held (the previous owner commits before it releases); forward while renewing the lock every
 /// lock_ttl/3; commit the record with INSERT … ON CONFLICT before the response leaves; release by
 /// compare-and-delete. The upstream call and the commit are never cancelled by the caller's
@@ -98,7 +105,15 @@ class IdempotencyFilter {
   boost::asio::awaitable<FilterResult> run(RoutePolicy policy, KeyedRequest request,
                                            Forward forward);
 
+  /// How many requests of this filter are waiting for record `id` now (C18 wait mode).
+  std::size_t waiters(const Sha256& id) const;
+
  private:
+  /// Waiting requests by record id; an entry exists only while its count is above zero. Shared
+  /// with the waiters' slots, so that a coroutine frame destroyed after the filter stays safe.
+  using WaiterCounts = std::map<Sha256, std::size_t>;
+  class WaiterSlot;
+
   boost::asio::awaitable<FilterResult> execute_locked(const RoutePolicy& policy,
                                                       const KeyedRequest& request,
                                                       const std::string& token,
@@ -113,6 +128,7 @@ class IdempotencyFilter {
   RecordStore& store_;
   LockService& lock_;
   FilterEvents events_;
+  std::shared_ptr<WaiterCounts> waiters_ = std::make_shared<WaiterCounts>();
 };
 
 }  // namespace idemgate::core

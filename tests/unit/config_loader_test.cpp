@@ -294,7 +294,7 @@ BOOST_AUTO_TEST_CASE(unknown_keys_are_rejected_at_every_level) {
   BOOST_TEST(error_of(with_idempotency("      tll: 48h\n")) ==
              "t.yaml:12: routes[0].idempotency.tll: unknown key (expected one of: mode, methods, "
              "ttl, lock_ttl, key_scope, fingerprint, upstream_key, upstream_key_secret_file, "
-             "key_source, on_mismatch, concurrency, wait_timeout, store_statuses, "
+             "key_source, on_mismatch, concurrency, wait_timeout, max_waiters, store_statuses, "
              "max_stored_response, on_unknown_outcome, fingerprint_body, on_store_error)");
   BOOST_TEST(error_of(replace(kBase, "path_prefix: /", "path_prefix: /, hosts: a.com")) ==
              "t.yaml:8: routes[0].match.hosts: unknown key (expected one of: path_prefix, path, "
@@ -581,6 +581,19 @@ BOOST_AUTO_TEST_CASE(spec_C18_wait_timeout_is_at_most_twice_lock_ttl_when_waitin
              "(4s); set wait_timeout");
   // With reject the waiting bound is unused, so a short lock_ttl needs no wait_timeout.
   BOOST_TEST(idem_of(with_idempotency("      lock_ttl: 2s\n")).wait_timeout.count() == 10'000);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C18_max_waiters_defaults_to_32_and_is_0_to_10000) {
+  BOOST_TEST(idem_of(with_idempotency("      concurrency: wait\n")).max_waiters == 32u);
+  BOOST_TEST(idem_of(with_idempotency("      max_waiters: 0\n")).max_waiters == 0u);
+  BOOST_TEST(idem_of(with_idempotency("      max_waiters: 10000\n")).max_waiters == 10'000u);
+  BOOST_TEST(error_of(with_idempotency("      max_waiters: 10001\n")) ==
+             "t.yaml:12: routes[0].idempotency.max_waiters: must be between 0 and 10000, got "
+             "10001");
+  BOOST_TEST(error_of(with_idempotency("      max_waiters: -1\n")) ==
+             "t.yaml:12: routes[0].idempotency.max_waiters: must be between 0 and 10000, got -1");
+  BOOST_TEST(error_of(with_idempotency("      max_waiters: many\n"))
+                 .find("t.yaml:12: routes[0].idempotency.max_waiters: expected an integer") == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(spec_C25_store_timeouts_are_10ms_to_60s_and_pool_1_to_256) {

@@ -5,6 +5,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/test/unit_test.hpp>
+#include <optional>
+#include <vector>
 
 #include "gateway/core/fingerprint.hpp"
 #include "tests/fakes/memory_lock.hpp"
@@ -352,6 +354,80 @@ BOOST_AUTO_TEST_CASE(spec_C20_different_scopes_never_share_records) {
   BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::executed));
   BOOST_TEST(r.response.body == "bob");
   BOOST_TEST(executions == 2);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C18_wait_mode_over_max_waiters_gets_409_at_once) {
+  policy.wait_for_in_flight = true;
+  policy.wait_timeout = 2s;
+  policy.max_waiters = 2;
+  const auto req = request("k1");
+  BOOST_REQUIRE(lock.take(req.id, "first", 1h));
+
+  // Two waiters, then one over the bound. When the third has its answer, the two are still
+  // waiting; the first request then commits and both replay.
+  std::vector<std::optional<FilterResult>> results(3);
+  std::size_t waiting_when_third_ended = 0;
+  bool waiter_done_before_third = false;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    asio::co_spawn(io, filter.run(policy, req, upstream(201)),
+                   [&, i](std::exception_ptr e, FilterResult r) {
+                     if (e) std::rethrow_exception(e);
+                     results[i] = std::move(r);
+                     if (i < 2 && !results[2]) waiter_done_before_third = true;
+                     if (i != 2) return;
+                     waiting_when_third_ended = filter.waiters(req.id);
+                     StoredRecord rec;
+                     rec.id = req.id;
+                     rec.fingerprint = req.fingerprint;
+                     rec.response.status = 201;
+                     rec.response.body = "first";
+                     store.put(rec, 1h);
+                   });
+  }
+  io.run();
+
+  BOOST_REQUIRE(results[2].has_value());
+  BOOST_TEST(static_cast<int>(results[2]->outcome) == static_cast<int>(Outcome::in_flight));
+  BOOST_TEST(!waiter_done_before_third);
+  BOOST_TEST(waiting_when_third_ended == 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    BOOST_REQUIRE(results[i].has_value());
+    BOOST_TEST(static_cast<int>(results[i]->outcome) == static_cast<int>(Outcome::replayed), i);
+    BOOST_TEST(results[i]->response.body == "first");
+  }
+  BOOST_TEST(executions == 0);
+  BOOST_TEST(filter.waiters(req.id) == 0u);  // every slot was given back
+}
+
+BOOST_AUTO_TEST_CASE(spec_C18_max_waiters_zero_makes_wait_mode_answer_like_reject) {
+  policy.wait_for_in_flight = true;
+  policy.wait_timeout = 2s;
+  policy.max_waiters = 0;
+  const auto req = request("k1");
+  BOOST_REQUIRE(lock.take(req.id, "first", 1h));
+  const FilterResult r = run(req, upstream(201));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::in_flight));
+  BOOST_TEST(lock.acquire_calls == 1);  // no polling
+  BOOST_TEST(executions == 0);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C18_a_waiter_that_takes_the_lock_no_longer_counts_as_waiting) {
+  policy.wait_for_in_flight = true;
+  policy.max_waiters = 1;
+  const auto req = request("k1");
+  BOOST_REQUIRE(lock.take(req.id, "first", 30s));
+  lock.before_acquire = [&] {
+    if (lock.acquire_calls == 3) lock.drop(req.id);  // the first ended unstored and released
+  };
+  std::size_t waiting_while_executing = 99;
+  const FilterResult r = run(req, [&]() -> asio::awaitable<UpstreamReply> {
+    waiting_while_executing = filter.waiters(req.id);
+    const IdempotencyFilter::Forward forward = upstream(201);
+    co_return co_await forward();
+  });
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::executed));
+  BOOST_TEST(waiting_while_executing == 0u);
+  BOOST_TEST(filter.waiters(req.id) == 0u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
