@@ -29,9 +29,10 @@ struct RecordRow {
 /// Group commit for record inserts of one io thread. Concurrent insert() calls are queued; a
 /// batch goes out as one statement (`INSERT … SELECT FROM unnest($1::bytea[], …) ON CONFLICT
 /// (id) DO UPDATE … WHERE expires_at <= now() RETURNING id`), so one round trip and one commit
-/// (one WAL flush) serve the whole batch. The next batch leaves as soon as the previous one
-/// returns: under load, the requests that arrived during a commit ride on the next one; with a
-/// single caller, a batch of one leaves at once (no added delay).
+/// (one WAL flush) serve the whole batch. A batch leaves at once while fewer than
+/// Options::max_in_flight are out, else as soon as one of them returns: under load, the
+/// requests that arrived during a commit ride on the next one; with a single caller, a batch
+/// of one leaves at once (no added delay).
 ///
 /// Each row is inserted exactly as PgRecordStore's single-row insert would: it replaces only an
 /// expired row and leaves a live one alone. Two rows with the same id never share a batch (the
@@ -52,8 +53,10 @@ struct RecordRow {
 class PgBatchWriter {
  public:
   struct Options {
-    std::size_t max_batch = 256;    ///< rows per statement
-    std::size_t max_in_flight = 1;  ///< batches out at once (each on its own pooled connection)
+    std::size_t max_batch = 256;  ///< rows per statement
+    /// Batches out at once, each on its own pooled connection. Two keep one batch collecting
+    /// while the other waits for its commit's WAL flush; more make batches smaller (bench/).
+    std::size_t max_in_flight = 2;
   };
 
   PgBatchWriter(boost::asio::any_io_executor executor, PgPool& pool, Options options);
