@@ -33,6 +33,13 @@ class PgRecordStore final : public core::RecordStore {
     PgBatchWriter::Options batch;
   };
 
+  /// Options with group_commit on and every other field at its default.
+  static Options with_group_commit() {
+    Options options;
+    options.group_commit = true;
+    return options;
+  }
+
   explicit PgRecordStore(PgPool& pool);
   /// `executor` is the pool's (the io thread's), on which the batch writer runs.
   PgRecordStore(PgPool& pool, boost::asio::any_io_executor executor, Options options);
