@@ -29,8 +29,8 @@ struct Listen {
 
 /// `limits:` — client-side limits (SPEC C04, C07).
 struct Limits {
-  std::size_t max_request_body = 1024 * 1024;       ///< bytes; larger → 413
-  std::size_t max_header_bytes = 8 * 1024;          ///< bytes of the header section; larger → 431
+  std::size_t max_request_body = 1024 * 1024;  ///< bytes; larger → 413
+  std::size_t max_header_bytes = 8 * 1024;     ///< bytes of the header section; larger → 431
   Duration header_read_timeout = std::chrono::seconds(10);
   Duration idle_timeout = std::chrono::seconds(60);
   Duration drain_timeout = std::chrono::seconds(30);
@@ -75,6 +75,13 @@ struct Upstream {
   int max_idle_connections = 64;  ///< per io thread
   Duration idle_timeout = std::chrono::seconds(4);
   std::size_t max_response_body = 64 * 1024 * 1024;  ///< bytes
+  /// `tls: true`: connections to the servers are TLS 1.2+, the server certificate is verified
+  /// against `tls_ca_file` (PEM; empty: the system's trust store) and must name
+  /// `tls_server_name` (empty: each server's host, IP literals included). SNI carries that name
+  /// unless it is an IP address.
+  bool tls = false;
+  std::string tls_ca_file;
+  std::string tls_server_name;
 };
 
 enum class IdempotencyMode { off, optional, required };

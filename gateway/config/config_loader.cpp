@@ -550,7 +550,7 @@ void Loader::upstreams(const Field& f) {
     u.name = name;
     const Map um(*this, field,
                  {"servers", "connect_timeout", "request_timeout", "max_idle_connections",
-                  "idle_timeout", "max_response_body"});
+                  "idle_timeout", "max_response_body", "tls", "tls_ca_file", "tls_server_name"});
     const Field servers = um.require("servers");
     const auto items = sequence(servers);
     if (items.empty()) fail(servers, "at least one \"host:port\" is required");
@@ -562,6 +562,19 @@ void Loader::upstreams(const Field& f) {
     }
     if (auto v = um.get("idle_timeout")) u.idle_timeout = duration(*v, 10ms, 1h);
     if (auto v = um.get("max_response_body")) u.max_response_body = size(*v, 1, 4 * GiB);
+    if (auto v = um.get("tls")) u.tls = choice<bool>(*v, {{"true", true}, {"false", false}});
+    if (auto v = um.get("tls_ca_file")) {
+      if (!u.tls) fail(*v, "needs tls: true");
+      u.tls_ca_file = readable_file(*v);
+    }
+    if (auto v = um.get("tls_server_name")) {
+      if (!u.tls) fail(*v, "needs tls: true");
+      u.tls_server_name = non_empty(*v);
+      if (!is_hostname(u.tls_server_name) && !is_ipv6(u.tls_server_name)) {
+        fail(*v,
+             "expected a host name such as payments.internal, got " + in_quotes(u.tls_server_name));
+      }
+    }
     config_->upstreams.emplace(name, std::move(u));
   }
 }

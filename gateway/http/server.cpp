@@ -5,6 +5,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl/context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/json/object.hpp>
 #include <exception>
@@ -77,12 +78,23 @@ asio::awaitable<void> accept_loop(tcp::acceptor* acceptor,
   }
 }
 
+std::unique_ptr<asio::ssl::context> make_tls_context(const config::Listen& listen) {
+  auto tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+  tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                   asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                   asio::ssl::context::no_tlsv1_1 | asio::ssl::context::single_dh_use);
+  tls->use_certificate_chain_file(listen.tls_cert);
+  tls->use_private_key_file(listen.tls_key, asio::ssl::context::pem);
+  return tls;
+}
+
 }  // namespace
 
-Server::Server(std::shared_ptr<const config::Config> config, HandlerFactory make_handler)
+Server::Server(std::shared_ptr<const config::Config> config, HandlerFactory make_handler,
+               SessionObservers observers)
     : config_(std::move(config)), make_handler_(std::move(make_handler)) {
   if (!config_->listen.tls_cert.empty() || !config_->listen.tls_key.empty()) {
-    throw std::invalid_argument("listen.tls is not supported by the HTTP listener");
+    tls_ = make_tls_context(config_->listen);
   }
   const unsigned threads = static_cast<unsigned>(std::max(config_->threads, 1));
   auto endpoint = resolve_listen(config_->listen);
@@ -91,6 +103,8 @@ Server::Server(std::shared_ptr<const config::Config> config, HandlerFactory make
     open_acceptor(worker->acceptor, endpoint);
     if (i == 0) endpoint.port(worker->acceptor.local_endpoint().port());  // port 0 → the bound one
     worker->context->config = [this] { return this->config(); };
+    worker->context->tls = tls_.get();
+    worker->context->observers = observers;
     workers_.push_back(std::move(worker));
   }
   port_ = endpoint.port();
@@ -128,7 +142,10 @@ void Server::run() {
   }
   const auto cfg = config();
   log_json(spdlog::level::info, "listening",
-           {{"address", cfg->listen.address}, {"port", port_}, {"threads", workers_.size()}});
+           {{"address", cfg->listen.address},
+            {"port", port_},
+            {"threads", workers_.size()},
+            {"tls", tls_ != nullptr}});
   std::vector<std::thread> threads;
   threads.reserve(workers_.size());
   for (auto& worker : workers_) {

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ssl/context.hpp>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -14,6 +15,7 @@
 
 #include "gateway/config/config.hpp"
 #include "gateway/http/handler.hpp"
+#include "gateway/http/session.hpp"
 
 namespace idemgate::http {
 
@@ -25,9 +27,12 @@ class Server {
 
   /// Binds `config->threads` acceptors (at least one) to `listen.address:listen.port` with
   /// SO_REUSEPORT; with port 0 the first binds an ephemeral port and the others join it.
-  /// Throws boost::system::system_error when binding fails and std::invalid_argument when
-  /// `listen` asks for TLS (not supported by this listener).
-  Server(std::shared_ptr<const config::Config> config, HandlerFactory make_handler);
+  /// With `listen.tls_cert`/`tls_key` set, connections are TLS (TLS 1.2 or later; the PEM
+  /// certificate chain and key are read here, once: a reload does not re-read them).
+  /// `observers` see every connection and answered request (metrics).
+  /// Throws boost::system::system_error when binding fails or the TLS files cannot be used.
+  Server(std::shared_ptr<const config::Config> config, HandlerFactory make_handler,
+         SessionObservers observers = {});
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -63,6 +68,7 @@ class Server {
 
   std::shared_ptr<const config::Config> config_;  // std::atomic_load/store only
   HandlerFactory make_handler_;
+  std::unique_ptr<boost::asio::ssl::context> tls_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::uint16_t port_ = 0;
 

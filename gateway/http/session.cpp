@@ -2,14 +2,19 @@
 
 #include <algorithm>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/ssl/stream_base.hpp>
 #include <boost/beast/core/error.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/stream_traits.hpp>
 #include <boost/beast/core/string.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/serializer.hpp>
 #include <boost/beast/http/write.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
 #include <boost/json/object.hpp>
 #include <cstdint>
 #include <exception>
@@ -92,27 +97,58 @@ void finalize_response(Response& res, unsigned version, bool keep_alive, bool he
   res.keep_alive(keep_alive);
 }
 
-asio::awaitable<void> serve(tcp::socket socket, std::shared_ptr<SessionContext> context) {
-  Session session(std::move(socket), std::move(context));
-  co_await session.run();
-}
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
-}  // namespace
+/// Session over a plain (beast::tcp_stream) or TLS (TlsStream) stream; timeouts and closing act
+/// on the TCP layer underneath.
+template <class Stream>
+class BasicSession final : public Session {
+ public:
+  template <class... Args>
+  BasicSession(std::shared_ptr<SessionContext> context, Args&&... stream_args);
+  ~BasicSession() override;
 
-Session::Session(tcp::socket socket, std::shared_ptr<SessionContext> context)
-    : stream_(std::move(socket)), context_(std::move(context)) {
+  /// Serves requests until the connection ends. Never throws for network errors.
+  asio::awaitable<void> run();
+  void drain() override;
+  void close() override;
+
+ private:
+  static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
+  enum class State { idle, busy };
+  beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
+  asio::awaitable<bool> serve_one(beast::flat_buffer& buffer,
+                                  std::shared_ptr<const config::Config> config);
+  asio::awaitable<void> lingering_close();
+
+  Stream stream_;
+  std::shared_ptr<SessionContext> context_;
+  std::string client_ip_;
+  State state_ = State::idle;
+  bool close_after_response_ = false;
+  bool reject_pending_input_ = false;  ///< a rejected request's rest may still be arriving
+};
+
+template <class Stream>
+template <class... Args>
+BasicSession<Stream>::BasicSession(std::shared_ptr<SessionContext> context, Args&&... stream_args)
+    : stream_(std::forward<Args>(stream_args)...), context_(std::move(context)) {
   boost::system::error_code ec;
-  const auto remote = stream_.socket().remote_endpoint(ec);
+  const auto remote = lowest().socket().remote_endpoint(ec);
   client_ip_ = ec ? std::string("unknown") : remote.address().to_string();
   context_->sessions.insert(this);
+  if (context_->observers.connection_opened) context_->observers.connection_opened();
 }
 
-Session::~Session() {
+template <class Stream>
+BasicSession<Stream>::~BasicSession() {
   context_->sessions.erase(this);
+  if (context_->observers.connection_closed) context_->observers.connection_closed();
   if (context_->on_session_end) context_->on_session_end();
 }
 
-void Session::drain() {
+template <class Stream>
+void BasicSession<Stream>::drain() {
   if (state_ == State::idle) {
     close();
   } else {
@@ -120,13 +156,25 @@ void Session::drain() {
   }
 }
 
-void Session::close() {
-  stream_.close();
+template <class Stream>
+void BasicSession<Stream>::close() {
+  lowest().close();
 }
 
-asio::awaitable<void> Session::run() {
+template <class Stream>
+asio::awaitable<void> BasicSession<Stream>::run() {
   beast::flat_buffer buffer;
   bool first = true;
+  if constexpr (kTls) {
+    lowest().expires_after(context_->config()->limits.header_read_timeout);
+    auto [ec] = co_await stream_.async_handshake(asio::ssl::stream_base::server, use_nothrow);
+    if (ec) {
+      log_json(spdlog::level::debug, "TLS handshake failed",
+               {{"client", client_ip_}, {"error", ec.message()}});
+      lowest().close();
+      co_return;
+    }
+  }
   for (;;) {
     if (buffer.size() == 0) {
       if (context_->draining) break;
@@ -134,7 +182,7 @@ asio::awaitable<void> Session::run() {
       // C07: a new connection gets header_read_timeout for its first byte, a kept-alive one
       // idle_timeout between requests.
       const auto limits = context_->config()->limits;
-      stream_.expires_after(first ? limits.header_read_timeout : limits.idle_timeout);
+      lowest().expires_after(first ? limits.header_read_timeout : limits.idle_timeout);
       auto [ec, n] = co_await stream_.async_read_some(buffer.prepare(kReadChunk), use_nothrow);
       if (ec) break;
       buffer.commit(n);
@@ -149,25 +197,29 @@ asio::awaitable<void> Session::run() {
       break;
     }
   }
-  stream_.close();
+  lowest().close();
 }
 
-asio::awaitable<void> Session::lingering_close() {
+template <class Stream>
+asio::awaitable<void> BasicSession<Stream>::lingering_close() {
+  // On the TCP layer for TLS too: what still arrives is discarded unread, so its records need
+  // no decryption, and the response is complete by its framing without a close_notify.
   boost::system::error_code ec;
-  stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+  lowest().socket().shutdown(tcp::socket::shutdown_send, ec);
   if (ec) co_return;
-  stream_.expires_after(kLingerTime);
+  lowest().expires_after(kLingerTime);
   std::size_t discarded = 0;
   char scratch[kReadChunk];
   while (discarded < kLingerMaxBytes) {
-    auto [rec, n] = co_await stream_.async_read_some(asio::buffer(scratch), use_nothrow);
+    auto [rec, n] = co_await lowest().async_read_some(asio::buffer(scratch), use_nothrow);
     if (rec) break;
     discarded += n;
   }
 }
 
-asio::awaitable<bool> Session::serve_one(beast::flat_buffer& buffer,
-                                         std::shared_ptr<const config::Config> config) {
+template <class Stream>
+asio::awaitable<bool> BasicSession<Stream>::serve_one(
+    beast::flat_buffer& buffer, std::shared_ptr<const config::Config> config) {
   const auto& limits = config->limits;
   const auto started = Clock::now();
   const auto started_wall = std::chrono::system_clock::now();
@@ -186,7 +238,7 @@ asio::awaitable<bool> Session::serve_one(beast::flat_buffer& buffer,
   // A request the gateway refuses itself (C03, C04); the connection closes after the answer.
   std::optional<Problem> reject;
   std::string reject_detail;
-  stream_.expires_after(limits.header_read_timeout);
+  lowest().expires_after(limits.header_read_timeout);
   auto [hec, hn] = co_await bhttp::async_read_header(stream_, buffer, parser, use_nothrow);
   if (hec) {
     reject = problem_for(hec);
@@ -207,14 +259,14 @@ asio::awaitable<bool> Session::serve_one(beast::flat_buffer& buffer,
     const auto expect = parser.get()[bhttp::field::expect];
     if (version >= 11 && beast::iequals(expect, "100-continue")) {
       bhttp::response<bhttp::empty_body> interim{bhttp::status::continue_, 11};
-      stream_.expires_after(limits.idle_timeout);
+      lowest().expires_after(limits.idle_timeout);
       auto [wec, wn] = co_await bhttp::async_write(stream_, interim, use_nothrow);
       if (wec) co_return false;
     }
     // Trailer fields would be merged into the header: keep the header as it arrived.
     std::optional<bhttp::request_header<>> header;
     if (parser.chunked()) header = parser.get().base();
-    stream_.expires_after(limits.idle_timeout);
+    lowest().expires_after(limits.idle_timeout);
     auto [bec, bn] = co_await bhttp::async_read(stream_, buffer, parser, use_nothrow);
     if (bec) {
       reject = problem_for(bec);
@@ -254,7 +306,7 @@ asio::awaitable<bool> Session::serve_one(beast::flat_buffer& buffer,
       strip_hop_by_hop(request.base());
       request.erase(bhttp::field::expect);
       request.erase("Idempotent-Replayed");
-      add_forwarding_fields(request.base(), client_ip_, "http");
+      add_forwarding_fields(request.base(), client_ip_, kTls ? "https" : "http");
       if (framed || !request.body().empty()) {
         request.content_length(request.body().size());
       }
@@ -284,7 +336,7 @@ asio::awaitable<bool> Session::serve_one(beast::flat_buffer& buffer,
 
   Response& res = result.response;
   finalize_response(res, version, keep_alive, head);
-  stream_.expires_after(limits.idle_timeout);
+  lowest().expires_after(limits.idle_timeout);
   boost::system::error_code wec;
   if (head && status_has_body(res.result_int())) {
     bhttp::response_serializer<bhttp::string_body> serializer{res};
@@ -309,12 +361,23 @@ asio::awaitable<bool> Session::serve_one(beast::flat_buffer& buffer,
             {"total_ms", to_ms(total)},
             {"client", client_ip_},
             {"written", !wec}});
+  if (context_->observers.request_done) {
+    context_->observers.request_done(route ? std::string_view(route->name) : std::string_view(),
+                                     result.outcome, result.upstream_time);
+  }
   co_return keep_alive;
 }
 
+template <class Session>
+asio::awaitable<void> serve(std::unique_ptr<Session> session) {
+  co_await session->run();
+}
+
+}  // namespace
+
 void start_session(tcp::socket socket, std::shared_ptr<SessionContext> context) {
   auto executor = socket.get_executor();
-  asio::co_spawn(executor, serve(std::move(socket), std::move(context)), [](std::exception_ptr e) {
+  auto on_end = [](std::exception_ptr e) {
     if (!e) return;
     try {
       std::rethrow_exception(e);
@@ -323,7 +386,19 @@ void start_session(tcp::socket socket, std::shared_ptr<SessionContext> context) 
     } catch (...) {
       log_json(spdlog::level::err, "session failed", {{"error", "unknown"}});
     }
-  });
+  };
+  if (context->tls) {
+    auto& tls = *context->tls;
+    asio::co_spawn(executor,
+                   serve(std::make_unique<BasicSession<TlsStream>>(
+                       std::move(context), beast::tcp_stream(std::move(socket)), tls)),
+                   on_end);
+  } else {
+    asio::co_spawn(executor,
+                   serve(std::make_unique<BasicSession<beast::tcp_stream>>(std::move(context),
+                                                                           std::move(socket))),
+                   on_end);
+  }
 }
 
 }  // namespace idemgate::http

@@ -2,13 +2,13 @@
 // One client connection: HTTP/1.1 keep-alive with pipelining, limits, framing checks, routing,
 // hop-by-hop handling, and the access log (SPEC C01–C07, C16 framing, C32).
 
-#include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 
 #include "gateway/config/config.hpp"
@@ -17,6 +17,18 @@
 namespace idemgate::http {
 
 class Session;
+
+/// Observers of a thread's sessions (metrics, SPEC C31). Each may be empty; each is called on
+/// the session's io thread.
+struct SessionObservers {
+  std::function<void()> connection_opened;
+  std::function<void()> connection_closed;
+  /// After each answered request: the route name ("" when none matched), the outcome label of
+  /// the access line, and the time spent on the upstream (zero when it was not called).
+  std::function<void(std::string_view route, std::string_view outcome,
+                     std::chrono::microseconds upstream_time)>
+      request_done;
+};
 
 /// What the sessions of one io thread share. Owned by the Server; used on that thread only.
 struct SessionContext {
@@ -30,6 +42,11 @@ struct SessionContext {
   std::unordered_set<Session*> sessions;
   /// Called after a session has left `sessions` (may be empty).
   std::function<void()> on_session_end;
+  /// Server-side TLS (`listen.tls`): when set, every connection starts with a TLS handshake
+  /// (within header_read_timeout) and requests get `X-Forwarded-Proto: https`. Shared by the
+  /// threads (OpenSSL contexts are thread-safe once set up); owned by the Server.
+  boost::asio::ssl::context* tls = nullptr;
+  SessionObservers observers;
 };
 
 /// Serves one client connection until the client closes it, a limit or timeout ends it, or the
@@ -49,40 +66,24 @@ struct SessionContext {
 /// one connection are answered in order (C06). An exception from the handler is logged and
 /// answered with 500, then the connection closes. One JSON access line per request (C32).
 ///
+/// Over TLS the same, after the handshake; a connection that fails the handshake is closed.
+///
 /// Thread safety: all members are used on the socket's executor only.
 class Session {
  public:
-  Session(boost::asio::ip::tcp::socket socket, std::shared_ptr<SessionContext> context);
-  ~Session();
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
-
-  /// Serves requests until the connection ends. Never throws for network errors.
-  boost::asio::awaitable<void> run();
+  virtual ~Session() = default;
 
   /// Server stop: closes the connection now if it waits for a request, otherwise after the
   /// response in progress (which gets `Connection: close`).
-  void drain();
+  virtual void drain() = 0;
 
   /// Closes the connection now; a request in progress still runs to its end in the handler.
-  void close();
-
- private:
-  enum class State { idle, busy };
-  boost::asio::awaitable<bool> serve_one(boost::beast::flat_buffer& buffer,
-                                         std::shared_ptr<const config::Config> config);
-  boost::asio::awaitable<void> lingering_close();
-
-  boost::beast::tcp_stream stream_;
-  std::shared_ptr<SessionContext> context_;
-  std::string client_ip_;
-  State state_ = State::idle;
-  bool close_after_response_ = false;
-  bool reject_pending_input_ = false;  ///< a rejected request's rest may still be arriving
+  virtual void close() = 0;
 };
 
-/// Starts a Session on `socket`'s executor; it registers in `context->sessions` while it runs.
-/// An exception escaping the session is logged; it ends only that connection.
+/// Starts a Session on `socket`'s executor (over TLS when `context->tls` is set); it registers in
+/// `context->sessions` while it runs. An exception escaping the session is logged; it ends only
+/// that connection.
 void start_session(boost::asio::ip::tcp::socket socket, std::shared_ptr<SessionContext> context);
 
 }  // namespace idemgate::http

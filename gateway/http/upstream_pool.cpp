@@ -1,7 +1,12 @@
 #include "gateway/http/upstream_pool.hpp"
 
+#include <openssl/ssl.h>
 #include <algorithm>
+
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/host_name_verification.hpp>
+#include <boost/asio/ssl/stream_base.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
@@ -9,6 +14,7 @@
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/write.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
 #include <deque>
 #include <optional>
 
@@ -25,17 +31,33 @@ namespace bhttp = boost::beast::http;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+
 struct UpstreamPool::Connection {
-  explicit Connection(asio::any_io_executor executor, std::string server_key)
-      : stream(std::move(executor)), server(std::move(server_key)) {}
-  beast::tcp_stream stream;
+  Connection(asio::any_io_executor executor, std::string server_key,
+             std::shared_ptr<asio::ssl::context> tls_context)
+      : server(std::move(server_key)), tls(std::move(tls_context)) {
+    if (tls) {
+      tls_stream.emplace(beast::tcp_stream(std::move(executor)), *tls);
+    } else {
+      plain.emplace(std::move(executor));
+    }
+  }
+  beast::tcp_stream& tcp() { return tls_stream ? beast::get_lowest_layer(*tls_stream) : *plain; }
+
   std::string server;  ///< "host:port"
   Clock::time_point idle_deadline{};
+  std::shared_ptr<asio::ssl::context> tls;  ///< set for a TLS upstream; outlives tls_stream
+  std::optional<beast::tcp_stream> plain;   ///< exactly one of plain and tls_stream is set
+  std::optional<TlsStream> tls_stream;
 };
 
 struct UpstreamPool::UpstreamState {
   std::size_t next_server = 0;
   std::deque<std::unique_ptr<Connection>> idle;  ///< oldest first
+  /// The TLS client context of a `tls: true` upstream, built for `tls_ca_file`.
+  std::shared_ptr<asio::ssl::context> tls;
+  std::string tls_ca_file;
 };
 
 namespace {
@@ -107,11 +129,49 @@ asio::awaitable<boost::system::error_code> connect(beast::tcp_stream* stream, co
   co_return ec;
 }
 
-asio::awaitable<Attempt> exchange(beast::tcp_stream* stream, const Request* request,
+std::shared_ptr<asio::ssl::context> make_client_tls(const config::Upstream& upstream,
+                                                    std::string& error) {
+  auto context = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
+  context->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                       asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                       asio::ssl::context::no_tlsv1_1);
+  context->set_verify_mode(asio::ssl::verify_peer);
+  boost::system::error_code ec;
+  if (upstream.tls_ca_file.empty()) {
+    context->set_default_verify_paths(ec);
+  } else {
+    context->load_verify_file(upstream.tls_ca_file, ec);
+  }
+  if (ec) {
+    error = "cannot load the CA certificates for upstream " + upstream.name + ": " + ec.message();
+    return nullptr;
+  }
+  return context;
+}
+
+// TLS on an established TCP connection: SNI (names only, RFC 6066 §3), then a handshake that
+// verifies the chain and that the certificate names `name`, within the connect timeout.
+asio::awaitable<boost::system::error_code> handshake(TlsStream* stream, std::string name,
+                                                     config::Duration timeout) {
+  boost::system::error_code ec;
+  asio::ip::make_address(name, ec);
+  if (ec && !SSL_set_tlsext_host_name(stream->native_handle(), name.c_str())) {
+    co_return boost::system::error_code(static_cast<int>(::ERR_get_error()),
+                                        asio::error::get_ssl_category());
+  }
+  stream->set_verify_callback(asio::ssl::host_name_verification(name));
+  beast::get_lowest_layer(*stream).expires_after(timeout);
+  auto [hec] = co_await stream->async_handshake(asio::ssl::stream_base::client, use_nothrow);
+  beast::get_lowest_layer(*stream).expires_never();
+  co_return hec;
+}
+
+template <class Stream>
+asio::awaitable<Attempt> exchange(Stream* stream, beast::tcp_stream* tcp, const Request* request,
                                   config::Duration request_timeout, std::size_t max_body) {
   Attempt attempt;
   const bool head = request->method() == bhttp::verb::head;
-  stream->expires_after(request_timeout);
+  tcp->expires_after(request_timeout);
   auto [wec, written] = co_await bhttp::async_write(*stream, *request, use_nothrow);
   if (wec) {
     attempt.kind = wec == beast::error::timeout ? Attempt::Kind::timed_out : Attempt::Kind::stale;
@@ -161,7 +221,7 @@ asio::awaitable<Attempt> exchange(beast::tcp_stream* stream, const Request* requ
       co_return attempt;
     }
   }
-  stream->expires_never();
+  tcp->expires_never();
 
   attempt.kind = Attempt::Kind::response;
   attempt.reusable = parser->keep_alive() && !parser->need_eof() && buffer.size() == 0;
@@ -180,6 +240,24 @@ asio::awaitable<Attempt> exchange(beast::tcp_stream* stream, const Request* requ
     }
   }
   co_return attempt;
+}
+
+asio::awaitable<boost::system::error_code> open(UpstreamPool::Connection* connection,
+                                                config::Server server, config::Upstream upstream) {
+  auto ec = co_await connect(&connection->tcp(), server, upstream.connect_timeout);
+  if (ec || !connection->tls_stream) co_return ec;
+  const std::string name =
+      upstream.tls_server_name.empty() ? server.host : upstream.tls_server_name;
+  co_return co_await handshake(&*connection->tls_stream, name, upstream.connect_timeout);
+}
+
+asio::awaitable<Attempt> exchange_on(UpstreamPool::Connection* connection, const Request* request,
+                                     config::Duration timeout, std::size_t max_body) {
+  if (connection->tls_stream) {
+    co_return co_await exchange(&*connection->tls_stream, &connection->tcp(), request, timeout,
+                                max_body);
+  }
+  co_return co_await exchange(&*connection->plain, &*connection->plain, request, timeout, max_body);
 }
 
 }  // namespace
@@ -202,7 +280,7 @@ std::unique_ptr<UpstreamPool::Connection> UpstreamPool::take_idle(UpstreamState&
     if (state.idle[i]->server != server) continue;
     auto connection = std::move(state.idle[i]);
     state.idle.erase(state.idle.begin() + static_cast<std::ptrdiff_t>(i));
-    if (!peer_closed(connection->stream.socket())) return connection;
+    if (!peer_closed(connection->tcp().socket())) return connection;
   }
   return nullptr;
 }
@@ -235,6 +313,19 @@ asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& ups
   auto& slot = upstreams_[upstream.name];
   if (!slot) slot = std::make_unique<UpstreamState>();
   UpstreamState& state = *slot;
+  if (!upstream.tls) {
+    state.tls = nullptr;
+  } else if (!state.tls || state.tls_ca_file != upstream.tls_ca_file) {
+    // First use, or a reload changed the CA: pooled connections keep the context they had.
+    std::string error;
+    state.tls = make_client_tls(upstream, error);
+    state.tls_ca_file = upstream.tls_ca_file;
+    if (!state.tls) {
+      result.kind = ForwardResult::Kind::not_reached;
+      result.detail = std::move(error);
+      co_return result;
+    }
+  }
 
   // An HTTP/1.0 client may omit Host, which an HTTP/1.1 request must carry (RFC 9112 §3.2).
   const bool client_sent_host = request.count(bhttp::field::host) > 0;
@@ -247,8 +338,8 @@ asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& ups
     auto connection = take_idle(state, key);
     const bool pooled = connection != nullptr;
     if (!pooled) {
-      connection = std::make_unique<Connection>(executor_, key);
-      const auto ec = co_await connect(&connection->stream, server, upstream.connect_timeout);
+      connection = std::make_unique<Connection>(executor_, key, state.tls);
+      const auto ec = co_await open(connection.get(), server, upstream);
       if (ec) {
         // Nothing was written: the next server may take it (C08).
         last_error = key + ": " + ec.message();
@@ -256,19 +347,19 @@ asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& ups
       }
     }
     if (!client_sent_host) request.set(bhttp::field::host, key);
-    auto attempt = co_await exchange(&connection->stream, &request, upstream.request_timeout,
-                                     upstream.max_response_body);
+    auto attempt = co_await exchange_on(connection.get(), &request, upstream.request_timeout,
+                                        upstream.max_response_body);
     if (attempt.kind == Attempt::Kind::stale && pooled) {
       // The upstream closed the idle connection as the request went out, before reading it;
       // retry once on a fresh connection to the same server, never on another (C08).
-      connection = std::make_unique<Connection>(executor_, key);
-      const auto ec = co_await connect(&connection->stream, server, upstream.connect_timeout);
+      connection = std::make_unique<Connection>(executor_, key, state.tls);
+      const auto ec = co_await open(connection.get(), server, upstream);
       if (ec) {
         attempt.kind = Attempt::Kind::failed;
         attempt.detail = "a pooled connection closed and reconnecting failed: " + ec.message();
       } else {
-        attempt = co_await exchange(&connection->stream, &request, upstream.request_timeout,
-                                    upstream.max_response_body);
+        attempt = co_await exchange_on(connection.get(), &request, upstream.request_timeout,
+                                       upstream.max_response_body);
       }
     }
     switch (attempt.kind) {

@@ -17,6 +17,9 @@ namespace idemgate::http {
 /// - Servers are used round robin. Only a connect failure (refused, unreachable, past
 ///   `connect_timeout`) moves a request to the next server; once a byte was written the request
 ///   never goes to another server (C08).
+/// - `tls: true` upstreams: TLS 1.2+ with SNI, the certificate verified against `tls_ca_file`
+///   (or the system store) and `tls_server_name` (or the server's host). A failed handshake is
+///   a failed connect: nothing was written, the next server is tried.
 /// - The request goes out as HTTP/1.1 with Content-Length framing; a request without `Host`
 ///   gets the server's `host:port`.
 /// - `request_timeout` covers writing the request and reading the whole response (→ timed_out).
@@ -47,8 +50,9 @@ class UpstreamPool final : public Forwarder {
   /// Idle pooled connections to `upstream` right now (for tests and metrics).
   std::size_t idle_connections(const std::string& upstream) const;
 
+  struct Connection;  ///< one upstream connection, plain or TLS (defined in the .cpp)
+
  private:
-  struct Connection;
   struct UpstreamState;
   std::unique_ptr<Connection> take_idle(UpstreamState& state, const std::string& server);
   void put_idle(UpstreamState& state, const config::Upstream& upstream,
