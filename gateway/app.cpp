@@ -11,12 +11,14 @@
 #include <csignal>
 #include <thread>
 
+#include "gateway/admin/admin_server.hpp"
 #include "gateway/cleaner.hpp"
 #include "gateway/config/config_loader.hpp"
 #include "gateway/http/json_log.hpp"
 #include "gateway/http/server.hpp"
 #include "gateway/http/upstream_pool.hpp"
 #include "gateway/idempotency_handler.hpp"
+#include "gateway/metrics.hpp"
 #include "gateway/version.hpp"
 #include "storage/pg/migrations.hpp"
 #include "storage/pg/pg_pool.hpp"
@@ -34,13 +36,16 @@ constexpr int kExitOk = 0;
 constexpr int kExitRuntime = 1;
 constexpr int kExitConfig = 2;
 
-core::FilterEvents filter_events() {
+core::FilterEvents filter_events(Metrics& metrics) {
   core::FilterEvents events;
-  events.duplicate_execution = [] {
+  events.lock_contention = [&metrics] { metrics.count_lock_contention(); };
+  events.duplicate_execution = [&metrics] {
+    metrics.count_duplicate_execution();
     log_json(spdlog::level::warn, "duplicate execution: another record had been committed first",
              {{"case", "C36"}});
   };
-  events.record_commit_failed = [] {
+  events.record_commit_failed = [&metrics] {
+    metrics.count_record_commit_failure();
     log_json(spdlog::level::err,
              "record commit failed after the upstream answered; the lock is kept until it expires",
              {{"case", "C26"}});
@@ -52,16 +57,19 @@ core::FilterEvents filter_events() {
 }
 
 /// Everything one io thread owns: its Postgres pool, Redis connection, upstream pool and the
-/// idempotency handler on top of them. Created and destroyed on that thread.
+/// idempotency handler on top of them, the stores wrapped in timing decorators (metrics).
+/// Created and destroyed on that thread.
 class ThreadHandler final : public http::RequestHandler {
  public:
-  ThreadHandler(asio::io_context& io, const config::Config& config)
+  ThreadHandler(asio::io_context& io, const config::Config& config, Metrics& metrics)
       : pool_(io.get_executor(), pool_options(config)),
         store_(pool_),
+        timed_store_(store_, metrics),
         redis_(io.get_executor(), config.storage.redis),
         lock_(redis_),
+        timed_lock_(lock_, metrics),
         upstreams_(io.get_executor()),
-        handler_(upstreams_, store_, lock_, filter_events()) {}
+        handler_(upstreams_, timed_store_, timed_lock_, filter_events(metrics)) {}
 
   asio::awaitable<http::HandlerResult> handle(http::Exchange exchange) override {
     return handler_.handle(std::move(exchange));
@@ -80,8 +88,10 @@ class ThreadHandler final : public http::RequestHandler {
 
   storage::pg::PgPool pool_;
   storage::pg::PgRecordStore store_;
+  TimedRecordStore timed_store_;
   storage::redis::RedisConnection redis_;
   storage::redis::RedisLock lock_;
+  TimedLockService timed_lock_;
   http::UpstreamPool upstreams_;
   IdempotencyHandler handler_;
 };
@@ -127,11 +137,29 @@ int run_gateway(const std::string& config_path, bool migrate) {
   }
   if (migrate && !run_migrations(config)) return kExitRuntime;
 
+  Metrics metrics;
+  http::SessionObservers observers;
+  observers.connection_opened = [&metrics] { metrics.connection_opened(); };
+  observers.connection_closed = [&metrics] { metrics.connection_closed(); };
+  observers.request_done = [&metrics](std::string_view route, std::string_view outcome,
+                                      std::chrono::microseconds upstream_time) {
+    metrics.count_request(route, outcome);
+    if (upstream_time.count() > 0) metrics.observe_upstream(route, upstream_time);
+  };
+
   std::unique_ptr<http::Server> server;
+  std::unique_ptr<admin::AdminServer> admin_server;
   try {
-    server = std::make_unique<http::Server>(config, [config](asio::io_context& io, unsigned) {
-      return std::make_unique<ThreadHandler>(io, *config);
-    });
+    // Stores are per thread and built from the start-up configuration; a reload changes routes,
+    // upstreams and limits for new requests (SPEC §1), not the store connections.
+    server = std::make_unique<http::Server>(
+        config,
+        [config, &metrics](asio::io_context& io, unsigned) {
+          return std::make_unique<ThreadHandler>(io, *config, metrics);
+        },
+        observers);
+    admin_server =
+        std::make_unique<admin::AdminServer>(*config, [&metrics] { return metrics.render(); });
   } catch (const std::exception& e) {
     log_json(spdlog::level::err, "cannot listen", {{"error", e.what()}});
     return kExitRuntime;
@@ -167,6 +195,8 @@ int run_gateway(const std::string& config_path, bool migrate) {
 
   Cleaner cleaner(*config);
   cleaner.start();
+  metrics.set_cleanup_source([&cleaner] { return cleaner.deleted_total(); });
+  admin_server->start();
 
   int status = kExitOk;
   try {
@@ -179,8 +209,11 @@ int run_gateway(const std::string& config_path, bool migrate) {
   }
   signals_io.stop();
   signal_thread.join();
+  admin_server->stop();
+  metrics.set_cleanup_source(nullptr);
   cleaner.stop();
   server.reset();
+  admin_server.reset();
   log_json(spdlog::level::info, "stopped", {{"status", status}});
   return status;
 }

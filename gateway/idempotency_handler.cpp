@@ -12,6 +12,7 @@
 #include "gateway/core/idempotency_key.hpp"
 #include "gateway/http/problem.hpp"
 #include "gateway/http/upstream_pool.hpp"
+#include "gateway/request_identity.hpp"
 
 namespace idemgate {
 namespace asio = boost::asio;
@@ -19,21 +20,6 @@ namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 
 namespace {
-
-std::vector<std::string_view> field_values(const http::Request& req, std::string_view name) {
-  std::vector<std::string_view> out;
-  auto range = req.equal_range(name);
-  for (auto it = range.first; it != range.second; ++it) out.push_back(it->value());
-  return out;
-}
-
-std::vector<core::HeaderValues> header_values(const http::Request& req,
-                                              const std::vector<std::string>& names) {
-  std::vector<core::HeaderValues> out;
-  out.reserve(names.size());
-  for (const auto& name : names) out.push_back({name, field_values(req, name)});
-  return out;
-}
 
 core::KeyParse read_key(const config::KeySource& source, const http::Request& req) {
   switch (source.kind) {
@@ -194,8 +180,7 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
         problem(http::Problem::missing_key, std::move(detail)), "missing_key", {}, {}};
   }
 
-  const auto scope_headers = header_values(req, idem.key_scope_headers);
-  const core::Sha256 scope = core::compute_scope(exchange.route->name, scope_headers);
+  const core::Sha256 scope = request_scope(*exchange.route, req);
   const auto fp_headers = header_values(req, idem.fingerprint_headers);
   core::KeyedRequest keyed;
   keyed.id = core::record_id(scope, key.key);

@@ -1,0 +1,203 @@
+#include "gateway/admin/admin_server.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <boost/beast/http/write.hpp>
+#include <boost/json/array.hpp>
+#include <boost/json/object.hpp>
+#include <boost/json/serialize.hpp>
+#include <exception>
+#include <tuple>
+
+#include "gateway/http/json_log.hpp"
+#include "gateway/http/use_nothrow.hpp"
+#include "storage/pg/pg_pool.hpp"
+#include "storage/redis/redis_connection.hpp"
+
+namespace idemgate::admin {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = beast::http;
+namespace json = boost::json;
+using tcp = asio::ip::tcp;
+using http::log_json;
+using http::use_nothrow;
+
+namespace {
+
+/// A scraper or probe that stalls is dropped after this long per request.
+constexpr auto kRequestTimeout = std::chrono::seconds(10);
+constexpr std::uint64_t kMaxRequestBody = 64 * 1024;
+
+struct Stores {
+  storage::pg::PgPool* pg;
+  storage::redis::RedisConnection* redis;
+};
+
+// "" when the store answered, otherwise what went wrong.
+asio::awaitable<std::string> probe_postgres(storage::pg::PgPool* pg) {
+  auto rows = co_await pg->query("SELECT 1", {});
+  if (!rows) co_return rows.error().message();
+  if (rows->rows() != 1) co_return "unexpected answer to SELECT 1";
+  co_return "";
+}
+
+asio::awaitable<std::string> probe_redis(storage::redis::RedisConnection* redis) {
+  auto reply = co_await redis->command("PING");
+  if (!reply) co_return reply.error().message();
+  if (!reply->is_status("PONG")) co_return "unexpected answer to PING: " + reply->str;
+  co_return "";
+}
+
+bhttp::response<bhttp::string_body> json_response(bhttp::status status, const json::object& body,
+                                                  unsigned version) {
+  bhttp::response<bhttp::string_body> res{status, version};
+  res.set(bhttp::field::content_type, "application/json");
+  res.set(bhttp::field::cache_control, "no-store");
+  res.body() = json::serialize(body) + "\n";
+  return res;
+}
+
+asio::awaitable<bhttp::response<bhttp::string_body>> readiness(Stores stores, unsigned version) {
+  using namespace asio::experimental::awaitable_operators;
+  auto [pg_error, redis_error] = co_await (probe_postgres(stores.pg) && probe_redis(stores.redis));
+  json::object body;
+  json::array failing;
+  if (!pg_error.empty()) failing.emplace_back("postgres");
+  if (!redis_error.empty()) failing.emplace_back("redis");
+  const bool ready = failing.empty();
+  body["status"] = ready ? "ready" : "unavailable";
+  if (!ready) body["failing"] = std::move(failing);
+  body["postgres"] = pg_error.empty() ? "ok" : pg_error;
+  body["redis"] = redis_error.empty() ? "ok" : redis_error;
+  co_return json_response(ready ? bhttp::status::ok : bhttp::status::service_unavailable, body,
+                          version);
+}
+
+asio::awaitable<void> serve(tcp::socket socket, Stores stores,
+                            AdminServer::MetricsText* metrics_text) {
+  beast::tcp_stream stream(std::move(socket));
+  beast::flat_buffer buffer;
+  for (;;) {
+    bhttp::request_parser<bhttp::string_body> parser;
+    parser.body_limit(kMaxRequestBody);
+    stream.expires_after(kRequestTimeout);
+    auto [ec, n] = co_await bhttp::async_read(stream, buffer, parser, use_nothrow);
+    if (ec) break;
+    const auto& req = parser.get();
+    const unsigned version = req.version();
+    const std::string_view target = req.target();
+    const std::string_view path = target.substr(0, target.find('?'));
+
+    bhttp::response<bhttp::string_body> res;
+    if (req.method() != bhttp::verb::get && req.method() != bhttp::verb::head) {
+      res = json_response(bhttp::status::method_not_allowed,
+                          {{"status", "error"}, {"detail", "use GET"}}, version);
+      res.set(bhttp::field::allow, "GET, HEAD");
+    } else if (path == "/healthz") {
+      res = json_response(bhttp::status::ok, {{"status", "ok"}}, version);
+    } else if (path == "/readyz") {
+      res = co_await readiness(stores, version);
+    } else if (path == "/metrics") {
+      res = bhttp::response<bhttp::string_body>{bhttp::status::ok, version};
+      res.set(bhttp::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+      res.body() = (*metrics_text)();
+    } else {
+      res = json_response(bhttp::status::not_found,
+                          {{"status", "error"}, {"detail", "try /healthz, /readyz or /metrics"}},
+                          version);
+    }
+    const bool keep_alive = req.keep_alive();
+    res.keep_alive(keep_alive);
+    res.prepare_payload();
+    if (req.method() == bhttp::verb::head) {
+      const auto length = res.body().size();
+      res.body().clear();
+      res.content_length(length);
+    }
+    stream.expires_after(kRequestTimeout);
+    auto [wec, wn] = co_await bhttp::async_write(stream, res, use_nothrow);
+    if (wec || !keep_alive) break;
+  }
+  boost::system::error_code ignored;
+  stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+  stream.close();
+}
+
+void log_failure(std::exception_ptr e, const char* what) {
+  if (!e) return;
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    log_json(spdlog::level::err, what, {{"error", ex.what()}});
+  } catch (...) {
+    log_json(spdlog::level::err, what, {{"error", "unknown"}});
+  }
+}
+
+asio::awaitable<void> accept_loop(tcp::acceptor* acceptor, Stores stores,
+                                  AdminServer::MetricsText* metrics_text) {
+  for (;;) {
+    auto [ec, socket] = co_await acceptor->async_accept(use_nothrow);
+    if (ec) {
+      if (ec == asio::error::operation_aborted || !acceptor->is_open()) co_return;
+      log_json(spdlog::level::warn, "admin accept failed", {{"error", ec.message()}});
+      continue;
+    }
+    asio::co_spawn(acceptor->get_executor(), serve(std::move(socket), stores, metrics_text),
+                   [](std::exception_ptr e) { log_failure(e, "admin session failed"); });
+  }
+}
+
+}  // namespace
+
+AdminServer::AdminServer(const config::Config& config, MetricsText metrics_text)
+    : acceptor_(io_), metrics_text_(std::move(metrics_text)), address_(config.admin.address) {
+  storage::pg::PgPool::Options pg_options;
+  pg_options.dsn = config.storage.postgres.dsn;
+  pg_options.max_connections = 1;
+  pg_options.operation_timeout = config.storage.postgres.operation_timeout;
+  pg_ = std::make_unique<storage::pg::PgPool>(io_.get_executor(), pg_options);
+  redis_ =
+      std::make_unique<storage::redis::RedisConnection>(io_.get_executor(), config.storage.redis);
+
+  const tcp::endpoint endpoint(asio::ip::make_address(config.admin.address), config.admin.port);
+  acceptor_.open(endpoint.protocol());
+  acceptor_.set_option(asio::socket_base::reuse_address(true));
+  acceptor_.bind(endpoint);
+  acceptor_.listen(asio::socket_base::max_listen_connections);
+  port_ = acceptor_.local_endpoint().port();
+}
+
+AdminServer::~AdminServer() {
+  stop();
+  // The store connections go before the io_context they are registered with (RedisConnection's
+  // rule); probe frames still suspended on them are destroyed with the io_context.
+  redis_.reset();
+  pg_.reset();
+}
+
+void AdminServer::start() {
+  if (thread_.joinable()) return;
+  asio::co_spawn(io_, accept_loop(&acceptor_, Stores{pg_.get(), redis_.get()}, &metrics_text_),
+                 [](std::exception_ptr e) { log_failure(e, "admin accept loop failed"); });
+  log_json(spdlog::level::info, "admin listening", {{"address", address_}, {"port", port_}});
+  thread_ = std::thread([this] { io_.run(); });
+}
+
+void AdminServer::stop() {
+  asio::post(io_, [this] {
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+  });
+  io_.stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace idemgate::admin

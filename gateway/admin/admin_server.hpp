@@ -1,0 +1,70 @@
+#pragma once
+// The admin listener (SPEC C30, C31): `/healthz`, `/readyz` and `/metrics` on `admin`, served by
+// a small Beast server on a thread and io_context of its own, so that a scrape or a probe never
+// competes with request threads, and a busy request thread never delays a probe.
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "gateway/config/config.hpp"
+
+namespace idemgate::storage::pg {
+class PgPool;
+}
+namespace idemgate::storage::redis {
+class RedisConnection;
+}
+
+namespace idemgate::admin {
+
+/// Answers, over HTTP/1.1 with keep-alive:
+/// - `GET /healthz` → 200 `{"status":"ok"}` while the process runs (C30).
+/// - `GET /readyz` → 200 `{"status":"ready",…}` when Postgres answers `SELECT 1` and Redis
+///   answers `PING`, each within its configured `operation_timeout`; otherwise 503
+///   `{"status":"unavailable","failing":["postgres"|"redis",…],"postgres":"…","redis":"…"}`
+///   with the error of each failing store (C30). The probes use a dedicated PgPool of one
+///   connection and a dedicated RedisConnection, run concurrently on the admin thread, and
+///   reconnect by themselves when a store returns.
+/// - `GET /metrics` → 200 Prometheus text (version 0.0.4) from `metrics_text` (C31).
+/// - other paths → 404, other methods → 405 (HEAD is answered like GET without a body).
+///
+/// @par Thread safety
+/// Construct, start() and stop() from one controlling thread; port() anywhere.
+/// `metrics_text` is called on the admin thread.
+class AdminServer {
+ public:
+  using MetricsText = std::function<std::string()>;
+
+  /// Binds `config.admin` (port 0: the OS chooses). Throws boost::system::system_error when
+  /// binding fails. Store settings are taken from `config.storage` (a reload does not change
+  /// them, nor the admin address).
+  AdminServer(const config::Config& config, MetricsText metrics_text);
+  ~AdminServer();
+  AdminServer(const AdminServer&) = delete;
+  AdminServer& operator=(const AdminServer&) = delete;
+
+  /// Starts the admin thread; logs `{"msg":"admin listening","port":N}`.
+  void start();
+  /// Stops serving and joins the thread; idempotent.
+  void stop();
+
+  /// The bound port.
+  std::uint16_t port() const { return port_; }
+
+ private:
+  boost::asio::io_context io_{1};
+  boost::asio::ip::tcp::acceptor acceptor_;
+  std::unique_ptr<storage::pg::PgPool> pg_;
+  std::unique_ptr<storage::redis::RedisConnection> redis_;
+  MetricsText metrics_text_;
+  std::string address_;
+  std::uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace idemgate::admin

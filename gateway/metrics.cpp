@@ -1,0 +1,219 @@
+#include "gateway/metrics.hpp"
+
+#include <prometheus/text_serializer.h>
+
+#include <boost/asio/this_coro.hpp>
+#include <sstream>
+
+namespace idemgate {
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const prometheus::Histogram::BucketBoundaries& upstream_buckets() {
+  static const prometheus::Histogram::BucketBoundaries buckets{
+      0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  return buckets;
+}
+
+const prometheus::Histogram::BucketBoundaries& store_buckets() {
+  static const prometheus::Histogram::BucketBoundaries buckets{
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
+  return buckets;
+}
+
+double seconds(std::chrono::nanoseconds d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+}  // namespace
+
+Metrics::Metrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      requests_(prometheus::BuildCounter()
+                    .Name("idemgate_requests_total")
+                    .Help("Requests answered, by route and outcome (SPEC C31)")
+                    .Register(*registry_)),
+      upstream_duration_(prometheus::BuildHistogram()
+                             .Name("idemgate_upstream_duration_seconds")
+                             .Help("Duration of upstream exchanges, by route")
+                             .Register(*registry_)),
+      store_duration_(prometheus::BuildHistogram()
+                          .Name("idemgate_store_duration_seconds")
+                          .Help("Duration of store operations, by store and operation")
+                          .Register(*registry_)),
+      lock_contention_(prometheus::BuildCounter()
+                           .Name("idemgate_lock_contention_total")
+                           .Help("Lock attempts that found the key held by another request")
+                           .Register(*registry_)
+                           .Add({})),
+      duplicate_executions_(
+          prometheus::BuildCounter()
+              .Name("idemgate_duplicate_executions_total")
+              .Help("Executions whose record insert found another committed record (C36)")
+              .Register(*registry_)
+              .Add({})),
+      commit_failures_(prometheus::BuildCounter()
+                           .Name("idemgate_record_commit_failures_total")
+                           .Help("Records that could not be committed after the upstream "
+                                 "answered (C26)")
+                           .Register(*registry_)
+                           .Add({})),
+      cleanup_deleted_(prometheus::BuildCounter()
+                           .Name("idemgate_cleanup_deleted_total")
+                           .Help("Expired records deleted by the cleaner (C24)")
+                           .Register(*registry_)
+                           .Add({})),
+      open_connections_(prometheus::BuildGauge()
+                            .Name("idemgate_open_connections")
+                            .Help("Client connections open now")
+                            .Register(*registry_)
+                            .Add({})),
+      in_flight_locks_(prometheus::BuildGauge()
+                           .Name("idemgate_in_flight_locks")
+                           .Help("In-flight locks held by this process now")
+                           .Register(*registry_)
+                           .Add({})) {}
+
+void Metrics::count_request(std::string_view route, std::string_view outcome) {
+  requests_.Add({{"route", std::string(route)}, {"outcome", std::string(outcome)}}).Increment();
+}
+
+void Metrics::observe_upstream(std::string_view route, std::chrono::microseconds duration) {
+  upstream_duration_.Add({{"route", std::string(route)}}, upstream_buckets())
+      .Observe(seconds(duration));
+}
+
+void Metrics::observe_store(const char* store, const char* op, std::chrono::nanoseconds duration) {
+  store_duration_.Add({{"store", store}, {"op", op}}, store_buckets()).Observe(seconds(duration));
+}
+
+void Metrics::count_lock_contention() {
+  lock_contention_.Increment();
+}
+
+void Metrics::count_duplicate_execution() {
+  duplicate_executions_.Increment();
+}
+
+void Metrics::count_record_commit_failure() {
+  commit_failures_.Increment();
+}
+
+void Metrics::connection_opened() {
+  open_connections_.Increment();
+}
+
+void Metrics::connection_closed() {
+  open_connections_.Decrement();
+}
+
+void Metrics::lock_taken() {
+  in_flight_locks_.Increment();
+}
+
+void Metrics::lock_freed() {
+  in_flight_locks_.Decrement();
+}
+
+void Metrics::set_cleanup_source(std::function<std::uint64_t()> source) {
+  std::lock_guard lock(render_mutex_);
+  cleanup_source_ = std::move(source);
+}
+
+std::string Metrics::render() {
+  std::lock_guard lock(render_mutex_);
+  if (cleanup_source_) {
+    // The cleaner keeps its own total; the counter catches up with it (it only ever grows).
+    const double total = static_cast<double>(cleanup_source_());
+    const double shown = cleanup_deleted_.Value();
+    if (total > shown) cleanup_deleted_.Increment(total - shown);
+  }
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+asio::awaitable<boost::system::result<std::optional<core::StoredRecord>>> TimedRecordStore::find(
+    core::Sha256 id) {
+  const auto start = Clock::now();
+  auto result = co_await inner_.find(id);
+  metrics_.observe_store("postgres", "find", Clock::now() - start);
+  co_return result;
+}
+
+asio::awaitable<boost::system::result<core::InsertResult>> TimedRecordStore::insert(
+    core::StoredRecord record, std::chrono::milliseconds ttl) {
+  const auto start = Clock::now();
+  auto result = co_await inner_.insert(std::move(record), ttl);
+  metrics_.observe_store("postgres", "insert", Clock::now() - start);
+  co_return result;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TimedLockService::~TimedLockService() {
+  for (std::size_t i = 0; i < held_.size(); ++i) metrics_.lock_freed();
+}
+
+void TimedLockService::hold(const asio::any_io_executor& executor, const std::string& token,
+                            std::chrono::milliseconds ttl) {
+  auto& slot = held_[token];
+  if (!slot) {
+    slot = std::make_unique<Held>(executor);
+    metrics_.lock_taken();
+  }
+  const std::uint64_t generation = ++slot->generation;
+  slot->timer.expires_after(ttl);
+  slot->timer.async_wait([this, token, generation](boost::system::error_code ec) {
+    if (ec) return;  // re-armed, released, or the service is being destroyed
+    const auto it = held_.find(token);
+    if (it != held_.end() && it->second->generation == generation) forget(token);
+  });
+}
+
+void TimedLockService::forget(const std::string& token) {
+  if (held_.erase(token) > 0) metrics_.lock_freed();
+}
+
+asio::awaitable<boost::system::result<bool>> TimedLockService::try_acquire(
+    core::Sha256 id, std::string token, std::chrono::milliseconds ttl) {
+  const auto executor = co_await asio::this_coro::executor;
+  const auto start = Clock::now();
+  auto result = co_await inner_.try_acquire(id, token, ttl);
+  metrics_.observe_store("redis", "try_acquire", Clock::now() - start);
+  if (result && *result) hold(executor, token, ttl);
+  co_return result;
+}
+
+asio::awaitable<boost::system::result<bool>> TimedLockService::renew(
+    core::Sha256 id, std::string token, std::chrono::milliseconds ttl) {
+  const auto executor = co_await asio::this_coro::executor;
+  const auto start = Clock::now();
+  auto result = co_await inner_.renew(id, token, ttl);
+  metrics_.observe_store("redis", "renew", Clock::now() - start);
+  if (result) {
+    if (*result && held_.count(token) > 0) {
+      hold(executor, token, ttl);
+    } else if (!*result) {
+      forget(token);
+    }
+  }
+  co_return result;
+}
+
+asio::awaitable<boost::system::result<bool>> TimedLockService::release(core::Sha256 id,
+                                                                       std::string token) {
+  const auto start = Clock::now();
+  auto result = co_await inner_.release(id, token);
+  metrics_.observe_store("redis", "release", Clock::now() - start);
+  // Released or not ours any more: either way this process no longer holds it. After an error
+  // the lock may still exist; it ends with its ttl, which the timer still tracks.
+  if (result) forget(token);
+  co_return result;
+}
+
+}  // namespace idemgate

@@ -1,0 +1,132 @@
+#pragma once
+// The gateway's Prometheus metrics (SPEC C31) and the timing decorators that feed the store
+// histogram. The registry is process-wide; the io threads update it, the admin thread renders it.
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "gateway/core/lock_service.hpp"
+#include "gateway/core/record_store.hpp"
+
+namespace idemgate {
+
+/// Every metric the gateway exports, in one prometheus-cpp Registry:
+///
+/// - `idemgate_requests_total{route,outcome}`: one per answered request; `outcome` is the access
+///   log's (passthrough, executed, replayed, mismatch, in_flight, missing_key, invalid_key,
+///   store_unavailable, upstream_error, not_stored; and rejected, no_route, internal_error for
+///   requests the session answered itself, with `route=""` when none matched).
+/// - `idemgate_upstream_duration_seconds{route}`: histogram of upstream exchanges.
+/// - `idemgate_store_duration_seconds{store,op}`: histogram of store operations; store is
+///   `postgres` (op find, insert) or `redis` (op try_acquire, renew, release).
+/// - counters `idemgate_lock_contention_total`, `idemgate_duplicate_executions_total` (C36),
+///   `idemgate_record_commit_failures_total` (C26), `idemgate_cleanup_deleted_total` (C24).
+/// - gauges `idemgate_open_connections` (client connections) and `idemgate_in_flight_locks`
+///   (in-flight locks held by this process, including ones kept on purpose until their lock_ttl).
+///
+/// @par Thread safety
+/// Every member is thread-safe (prometheus-cpp metrics are atomic; families lock to add a label
+/// set).
+class Metrics {
+ public:
+  Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  void count_request(std::string_view route, std::string_view outcome);
+  void observe_upstream(std::string_view route, std::chrono::microseconds duration);
+  void observe_store(const char* store, const char* op, std::chrono::nanoseconds duration);
+  void count_lock_contention();
+  void count_duplicate_execution();
+  void count_record_commit_failure();
+  void connection_opened();
+  void connection_closed();
+  void lock_taken();
+  void lock_freed();
+
+  /// Where idemgate_cleanup_deleted_total comes from (Cleaner::deleted_total); read on render.
+  void set_cleanup_source(std::function<std::uint64_t()> source);
+
+  /// The Prometheus text exposition format (version 0.0.4) of every metric.
+  std::string render();
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& upstream_duration_;
+  prometheus::Family<prometheus::Histogram>& store_duration_;
+  prometheus::Counter& lock_contention_;
+  prometheus::Counter& duplicate_executions_;
+  prometheus::Counter& commit_failures_;
+  prometheus::Counter& cleanup_deleted_;
+  prometheus::Gauge& open_connections_;
+  prometheus::Gauge& in_flight_locks_;
+
+  std::mutex render_mutex_;
+  std::function<std::uint64_t()> cleanup_source_;
+};
+
+/// A RecordStore that times each call of `inner` into `idemgate_store_duration_seconds{store=
+/// "postgres"}`. Same contract, thread affinity and errors as `inner`, which must outlive it.
+class TimedRecordStore final : public core::RecordStore {
+ public:
+  TimedRecordStore(core::RecordStore& inner, Metrics& metrics) : inner_(inner), metrics_(metrics) {}
+
+  boost::asio::awaitable<boost::system::result<std::optional<core::StoredRecord>>> find(
+      core::Sha256 id) override;
+  boost::asio::awaitable<boost::system::result<core::InsertResult>> insert(
+      core::StoredRecord record, std::chrono::milliseconds ttl) override;
+
+ private:
+  core::RecordStore& inner_;
+  Metrics& metrics_;
+};
+
+/// A LockService that times each call of `inner` into `idemgate_store_duration_seconds{store=
+/// "redis"}` and keeps `idemgate_in_flight_locks`: +1 when try_acquire takes a lock, -1 when its
+/// owner releases it, loses it on renew, or when its ttl (as last set) has run out. Same
+/// contract and errors as `inner`, which must outlive it. One per io thread, like `inner`.
+class TimedLockService final : public core::LockService {
+ public:
+  TimedLockService(core::LockService& inner, Metrics& metrics) : inner_(inner), metrics_(metrics) {}
+  ~TimedLockService() override;
+  TimedLockService(const TimedLockService&) = delete;
+  TimedLockService& operator=(const TimedLockService&) = delete;
+
+  boost::asio::awaitable<boost::system::result<bool>> try_acquire(
+      core::Sha256 id, std::string token, std::chrono::milliseconds ttl) override;
+  boost::asio::awaitable<boost::system::result<bool>> renew(core::Sha256 id, std::string token,
+                                                            std::chrono::milliseconds ttl) override;
+  boost::asio::awaitable<boost::system::result<bool>> release(core::Sha256 id,
+                                                              std::string token) override;
+
+ private:
+  void hold(const boost::asio::any_io_executor& executor, const std::string& token,
+            std::chrono::milliseconds ttl);
+  void forget(const std::string& token);
+
+  core::LockService& inner_;
+  Metrics& metrics_;
+  struct Held {
+    explicit Held(const boost::asio::any_io_executor& executor) : timer(executor) {}
+    boost::asio::steady_timer timer;  ///< fires when the lock's ttl runs out
+    std::uint64_t generation = 0;     ///< bumped on each re-arm: a stale expiry is ignored
+  };
+  /// Locks this thread holds, by owner token.
+  std::map<std::string, std::unique_ptr<Held>> held_;
+};
+
+}  // namespace idemgate
