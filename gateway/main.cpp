@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "gateway/admin/keys_command.hpp"
 #include "gateway/app.hpp"
 #include "gateway/config/config_loader.hpp"
 #include "gateway/version.hpp"
@@ -23,6 +24,10 @@ constexpr const char* kUsage = R"(usage:
   idemgate --config FILE [--no-migrate]   run the gateway in the foreground
   idemgate check-config FILE              validate a configuration file
   idemgate migrate --config FILE          apply the Postgres schema migrations and exit
+  idemgate keys show --config FILE --route NAME [--scope-header 'Name: value']... KEY...
+                                          print the stored record for a key (exit 1: not found)
+  idemgate keys purge --config FILE --route NAME [--scope-header 'Name: value']... KEY...
+                                          delete the record and the in-flight lock for a key
   idemgate --version | --help
 
 Logs go to stderr, one JSON object a line. Exit status: 0 clean shutdown, 2 bad configuration
@@ -38,7 +43,10 @@ int main(int argc, char** argv) {
   options.add_options()("config,c", po::value<std::string>(), "configuration file (YAML)")(
       "no-migrate", "do not apply pending schema migrations at start")(
       "version", "print the version")("help,h", "print this help")(
-      "command", po::value<std::vector<std::string>>(), "check-config FILE | migrate");
+      "route", po::value<std::string>(), "keys: the route whose record to look at")(
+      "scope-header", po::value<std::vector<std::string>>()->composing(),
+      "keys: a key_scope header as 'Name: value' (repeatable)")(
+      "command", po::value<std::vector<std::string>>(), "check-config FILE | migrate | keys");
   po::positional_options_description positional;
   positional.add("command", -1);
 
@@ -86,6 +94,23 @@ int main(int argc, char** argv) {
       const auto config = idemgate::config::load_config(path);
       idemgate::setup_logging();
       return idemgate::run_migrations(config) ? kExitOk : kExitRuntime;
+    }
+    if (!command.empty() && command[0] == "keys") {
+      if (command.size() < 3 || (command[1] != "show" && command[1] != "purge") ||
+          !vm.count("route")) {
+        std::cerr << "idemgate: keys takes show|purge, --route NAME and the KEY\n" << kUsage;
+        return kExitUsage;
+      }
+      const auto config = idemgate::config::load_config(path);
+      idemgate::admin::KeysRequest request;
+      request.action = command[1] == "show" ? idemgate::admin::KeysRequest::Action::show
+                                            : idemgate::admin::KeysRequest::Action::purge;
+      request.route = vm["route"].as<std::string>();
+      if (vm.count("scope-header")) {
+        request.scope_headers = vm["scope-header"].as<std::vector<std::string>>();
+      }
+      request.key.assign(command.begin() + 2, command.end());
+      return idemgate::admin::run_keys(*config, request, std::cout, std::cerr);
     }
     if (!command.empty()) {
       std::cerr << "idemgate: unknown command '" << command[0] << "'\n" << kUsage;

@@ -1,0 +1,279 @@
+#include "gateway/admin/keys_command.hpp"
+
+#include <hiredis/hiredis.h>
+#include <libpq-fe.h>
+
+#include <algorithm>
+#include <boost/beast/http/fields.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "gateway/core/fingerprint.hpp"
+#include "gateway/core/idempotency_key.hpp"
+#include "gateway/request_identity.hpp"
+#include "storage/redis/redis_lock.hpp"
+
+namespace idemgate::admin {
+namespace {
+
+struct PgDeleter {
+  void operator()(PGconn* c) const { PQfinish(c); }
+};
+struct PgResultDeleter {
+  void operator()(PGresult* r) const { PQclear(r); }
+};
+struct RedisDeleter {
+  void operator()(redisContext* c) const { redisFree(c); }
+};
+struct ReplyDeleter {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using PgPtr = std::unique_ptr<PGconn, PgDeleter>;
+using ResultPtr = std::unique_ptr<PGresult, PgResultDeleter>;
+using RedisPtr = std::unique_ptr<redisContext, RedisDeleter>;
+using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
+
+constexpr const char* kShow =
+    "SELECT route, status,"
+    " to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),"
+    " to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),"
+    " encode(fingerprint, 'hex'), octet_length(body), body_omitted"
+    " FROM idempotency_record WHERE id = $1 AND expires_at > now()";
+constexpr const char* kPurge = "DELETE FROM idempotency_record WHERE id = $1";
+
+// An RFC 6901 reference token, unescaped (~1 → /, ~0 → ~).
+std::string unescape_token(std::string_view token) {
+  std::string out;
+  for (std::size_t i = 0; i < token.size(); ++i) {
+    if (token[i] == '~' && i + 1 < token.size() && (token[i + 1] == '0' || token[i + 1] == '1')) {
+      out += token[i + 1] == '0' ? '~' : '/';
+      ++i;
+    } else {
+      out += token[i];
+    }
+  }
+  return out;
+}
+
+// A body holding `value` at `pointer`, so that the core reads the key exactly as from a request.
+std::optional<std::string> body_with_value(std::string_view pointer, const std::string& value) {
+  boost::system::error_code ec;
+  boost::json::value node = boost::json::parse(value, ec);
+  if (ec) return std::nullopt;
+  if (pointer.empty() || pointer.front() != '/') return std::nullopt;
+  std::vector<std::string> tokens;
+  for (std::size_t start = 1;;) {
+    const auto slash = pointer.find('/', start);
+    tokens.push_back(unescape_token(pointer.substr(start, slash - start)));
+    if (slash == std::string_view::npos) break;
+    start = slash + 1;
+  }
+  for (auto it = tokens.rbegin(); it != tokens.rend(); ++it) {
+    boost::json::object parent;
+    parent[*it] = std::move(node);
+    node = std::move(parent);
+  }
+  return boost::json::serialize(node);
+}
+
+core::KeyParse read_key(const config::KeySource& source, const std::vector<std::string>& key) {
+  switch (source.kind) {
+    case config::KeySource::Kind::header: {
+      if (key.size() != 1) return core::KeyParse::invalid("expected one KEY");
+      const std::string_view value = key[0];
+      return core::parse_key_field(source.header, std::span<const std::string_view>(&value, 1));
+    }
+    case config::KeySource::Kind::headers: {
+      if (key.size() != source.headers.size()) {
+        return core::KeyParse::invalid("this route's key is made of " +
+                                       std::to_string(source.headers.size()) +
+                                       " header values: give one KEY per header, in order");
+      }
+      std::vector<core::KeyParse> parts;
+      for (std::size_t i = 0; i < key.size(); ++i) {
+        const std::string_view value = key[i];
+        parts.push_back(
+            core::parse_key_field(source.headers[i], std::span<const std::string_view>(&value, 1)));
+      }
+      return core::join_key_parts(source.headers, parts);
+    }
+    case config::KeySource::Kind::json_pointer: {
+      if (key.size() != 1) return core::KeyParse::invalid("expected one KEY");
+      const auto body = body_with_value(source.json_pointer, key[0]);
+      if (!body) {
+        return core::KeyParse::invalid(
+            "this route reads its key from JSON: give KEY as a JSON string or integer, e.g. "
+            "'\"evt_1\"' or 42");
+      }
+      return core::parse_json_pointer_key(*body, source.json_pointer);
+    }
+  }
+  return core::KeyParse::absent();
+}
+
+bool split_field(const std::string& text, std::string& name, std::string& value) {
+  const auto colon = text.find(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  name = text.substr(0, colon);
+  const auto start = text.find_first_not_of(" \t", colon + 1);
+  value = start == std::string::npos ? "" : text.substr(start);
+  while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.pop_back();
+  return true;
+}
+
+PgPtr connect_pg(const std::string& dsn, std::ostream& err) {
+  const char* keys[] = {"dbname", "connect_timeout", nullptr};
+  const char* values[] = {dsn.c_str(), "5", nullptr};
+  PgPtr conn(PQconnectdbParams(keys, values, 1));
+  if (!conn || PQstatus(conn.get()) != CONNECTION_OK) {
+    err << "idemgate keys: cannot connect to Postgres: "
+        << (conn ? PQerrorMessage(conn.get()) : "out of memory") << "\n";
+    return nullptr;
+  }
+  return conn;
+}
+
+ResultPtr exec_with_id(PGconn* conn, const char* sql, const core::Sha256& id) {
+  const char* values[] = {reinterpret_cast<const char*>(id.data())};
+  const int lengths[] = {static_cast<int>(id.size())};
+  const int formats[] = {1};
+  return ResultPtr(PQexecParams(conn, sql, 1, nullptr, values, lengths, formats, 0));
+}
+
+RedisPtr connect_redis(const config::Redis& options, std::ostream& err) {
+  const auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::max(options.operation_timeout, config::Duration(std::chrono::seconds(2))));
+  timeval tv{static_cast<time_t>(timeout.count() / 1'000'000),
+             static_cast<suseconds_t>(timeout.count() % 1'000'000)};
+  RedisPtr ctx(redisConnectWithTimeout(options.address.c_str(), options.port, tv));
+  if (!ctx || ctx->err) {
+    err << "idemgate keys: cannot connect to Redis: " << (ctx ? ctx->errstr : "out of memory")
+        << "\n";
+    return nullptr;
+  }
+  redisSetTimeout(ctx.get(), tv);
+  auto check = [&](ReplyPtr reply, const char* what) {
+    if (!reply || reply->type == REDIS_REPLY_ERROR) {
+      err << "idemgate keys: Redis " << what
+          << " failed: " << (reply ? std::string(reply->str, reply->len) : std::string(ctx->errstr))
+          << "\n";
+      return false;
+    }
+    return true;
+  };
+  if (!options.password.empty() &&
+      !check(ReplyPtr(static_cast<redisReply*>(redisCommand(
+                 ctx.get(), "AUTH %b", options.password.data(), options.password.size()))),
+             "AUTH")) {
+    return nullptr;
+  }
+  if (options.db != 0 &&
+      !check(ReplyPtr(static_cast<redisReply*>(redisCommand(ctx.get(), "SELECT %d", options.db))),
+             "SELECT")) {
+    return nullptr;
+  }
+  return ctx;
+}
+
+// The integer reply of `EXISTS key` / `DEL key`, or nullopt on error.
+std::optional<long long> redis_key_command(redisContext* ctx, const char* command,
+                                           const std::string& key, std::ostream& err) {
+  ReplyPtr reply(
+      static_cast<redisReply*>(redisCommand(ctx, "%s %b", command, key.data(), key.size())));
+  if (!reply || reply->type != REDIS_REPLY_INTEGER) {
+    err << "idemgate keys: Redis " << command << " failed: "
+        << (reply ? std::string(reply->str ? reply->str : "", reply->len)
+                  : std::string(ctx->errstr))
+        << "\n";
+    return std::nullopt;
+  }
+  return reply->integer;
+}
+
+}  // namespace
+
+int run_keys(const config::Config& config, const KeysRequest& request, std::ostream& out,
+             std::ostream& err) {
+  const auto route = std::find_if(config.routes.begin(), config.routes.end(),
+                                  [&](const config::Route& r) { return r.name == request.route; });
+  if (route == config.routes.end()) {
+    err << "idemgate keys: no route named '" << request.route << "' in " << config.source_file
+        << "\n";
+    return kKeysBadArguments;
+  }
+  if (route->idempotency.mode == config::IdempotencyMode::off) {
+    err << "idemgate keys: route '" << route->name << "' has idempotency.mode: off\n";
+    return kKeysBadArguments;
+  }
+  boost::beast::http::fields scope_fields;
+  for (const auto& text : request.scope_headers) {
+    std::string name;
+    std::string value;
+    if (!split_field(text, name, value)) {
+      err << "idemgate keys: --scope-header takes 'Name: value', got '" << text << "'\n";
+      return kKeysBadArguments;
+    }
+    scope_fields.insert(name, value);
+  }
+  const core::KeyParse key = read_key(route->idempotency.key_source, request.key);
+  if (key.status != core::KeyParse::Status::valid) {
+    err << "idemgate keys: invalid key: "
+        << (key.detail.empty() ? std::string("no key given") : key.detail) << "\n";
+    return kKeysBadArguments;
+  }
+  const core::Sha256 id = core::record_id(request_scope(*route, scope_fields), key.key);
+  const std::string lock_key = storage::redis::RedisLock::key_of(id);
+
+  const PgPtr pg = connect_pg(config.storage.postgres.dsn, err);
+  if (!pg) return kKeysNotFound;
+  const RedisPtr redis = connect_redis(config.storage.redis, err);
+  if (!redis) return kKeysNotFound;
+
+  if (request.action == KeysRequest::Action::show) {
+    const ResultPtr rows = exec_with_id(pg.get(), kShow, id);
+    if (PQresultStatus(rows.get()) != PGRES_TUPLES_OK) {
+      err << "idemgate keys: " << PQerrorMessage(pg.get());
+      return kKeysNotFound;
+    }
+    const auto held = redis_key_command(redis.get(), "EXISTS", lock_key, err);
+    if (!held) return kKeysNotFound;
+    if (PQntuples(rows.get()) == 0) {
+      out << "not found\n";
+      if (*held > 0) out << "lock held (a request with this key is in flight)\n";
+      return kKeysNotFound;
+    }
+    auto col = [&](int c) { return std::string(PQgetvalue(rows.get(), 0, c)); };
+    out << "id " << core::to_hex(id) << "\n"
+        << "route " << col(0) << "\n"
+        << "status " << col(1) << "\n"
+        << "created " << col(2) << "\n"
+        << "expires " << col(3) << "\n"
+        << "fingerprint " << col(4) << "\n"
+        << "body_size " << col(5) << "\n"
+        << "body_omitted " << (col(6) == "t" ? "true" : "false") << "\n"
+        << "lock " << (*held > 0 ? "held" : "free") << "\n";
+    return kKeysFound;
+  }
+
+  const ResultPtr deleted = exec_with_id(pg.get(), kPurge, id);
+  if (PQresultStatus(deleted.get()) != PGRES_COMMAND_OK) {
+    err << "idemgate keys: " << PQerrorMessage(pg.get());
+    return kKeysNotFound;
+  }
+  const bool record_deleted = std::string_view(PQcmdTuples(deleted.get())) != "0";
+  const auto locks_deleted = redis_key_command(redis.get(), "DEL", lock_key, err);
+  if (!locks_deleted) return kKeysNotFound;
+  if (!record_deleted && *locks_deleted == 0) {
+    out << "not found\n";
+    return kKeysNotFound;
+  }
+  if (record_deleted) out << "deleted record " << core::to_hex(id) << "\n";
+  if (*locks_deleted > 0) out << "deleted lock " << lock_key << "\n";
+  return kKeysFound;
+}
+
+}  // namespace idemgate::admin
