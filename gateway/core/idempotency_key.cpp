@@ -11,6 +11,8 @@
 namespace idemgate::core {
 namespace {
 
+constexpr std::size_t kMaxJsonDepth = 512;
+
 bool is_ows(char c) {
   return c == ' ' || c == '\t';
 }
@@ -339,8 +341,11 @@ KeyParse parse_json_pointer_key(std::string_view body, std::string_view pointer)
     return KeyParse::invalid("the body must be JSON to read the key at " + where +
                              ", and it is empty");
   }
-  boost::json::basic_parser<PointerHandler> parser(boost::json::parse_options{},
-                                                   std::move(*tokens));
+  // Boost.JSON's default nesting limit (32) would turn a deep but valid event into a 400; the
+  // handler keeps no state per level off the path, and the body is bounded by max_request_body.
+  boost::json::parse_options options;
+  options.max_depth = kMaxJsonDepth;
+  boost::json::basic_parser<PointerHandler> parser(options, std::move(*tokens));
   boost::system::error_code ec;
   const std::size_t used = parser.write_some(false, body.data(), body.size(), ec);
   const PointerHandler& h = parser.handler();

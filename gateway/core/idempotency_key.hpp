@@ -44,7 +44,7 @@ KeyParse join_key_parts(std::span<const std::string> names, std::span<const KeyP
 /// a string of 1–255 characters (Unicode characters, taken verbatim after JSON unescaping) or an
 /// integer; `42` and `"42"` are different keys (strings are prefixed `s:`, integers `i:`).
 /// Invalid (→ 400): a body that is empty or not one strict JSON document (RFC 8259, UTF-8, no
-/// comments, nesting ≤ 32), any other value type at the pointer, or a member name repeated in
+/// comments, nesting ≤ 512), any other value type at the pointer, or a member name repeated in
 /// any object on the pointer's path (`{"event_id":1,"event_id":2}`: the gateway and the upstream
 /// could pick different ones). A repeated name elsewhere in the body is accepted. The pointer
 /// absent from a JSON body (including a path through a scalar) → absent. One pass, no DOM.

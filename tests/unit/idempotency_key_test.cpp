@@ -219,6 +219,12 @@ BOOST_AUTO_TEST_CASE(spec_C37_body_that_is_not_one_json_document_is_invalid) {
   expect_json_invalid(R"({"event_id":"x",})", "/event_id", "must be JSON");
   expect_json_invalid("{\"event_id\":\"x\"} // note", "/event_id", "must be JSON");
   expect_json_invalid("{\"event_id\":\"caf\xc3\"}", "/event_id", "must be JSON");
+  // Nesting: deep values beside the key are fine; beyond 512 levels the body is refused.
+  const auto nested = [](std::size_t depth) {
+    return R"({"event_id":"x","data":)" + std::string(depth, '[') + std::string(depth, ']') + "}";
+  };
+  BOOST_TEST(json_key(nested(100), "/event_id") == "s:x");
+  expect_json_invalid(nested(600), "/event_id", "must be JSON");
   // Trailing white space is part of a JSON text.
   BOOST_TEST(json_key("{\"event_id\":\"x\"}\r\n ", "/event_id") == "s:x");
 }
