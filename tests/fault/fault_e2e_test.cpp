@@ -1,0 +1,854 @@
+// Fault injection (SPEC C23–C26): real `idemgate` and `payment-service` processes against a
+// private Postgres and Redis that this binary starts, stops, stalls and disturbs. Each scenario
+// prints one line `scenario=<name> executions=<n> distinct_keys=<k>`, where executions is the
+// payment service's `payment_posts` delta (requests that reached the upstream) and distinct_keys
+// the idempotency keys involved; wherever SPEC promises exactly-once the two are asserted equal.
+// Lines starting `figures scenario=<name>` add the measured times and outcomes.
+//
+// The stores are this binary's own (scripts/local-stores, started by a global fixture): the
+// suite needs no store variables and never disturbs stores that other suites use.
+#define BOOST_TEST_MODULE fault
+#include <hiredis/hiredis.h>
+#include <signal.h>
+#include <sys/time.h>
+
+#include <boost/json/parse.hpp>
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <functional>
+#include <future>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/e2e/gateway_fixture.hpp"
+#include "tests/fault/local_stores.hpp"
+
+namespace {
+
+namespace json = boost::json;
+using namespace std::chrono_literals;
+using namespace idemgate::test;
+using namespace idemgate::test::e2e;
+using idemgate::test::fault::LocalStores;
+using Clock = std::chrono::steady_clock;
+
+// -------------------------------------------------------------------------------------------
+// Private stores for the whole binary: scenarios stop and start them.
+
+struct PrivateStores {
+  PrivateStores() { instance = std::make_unique<LocalStores>(); }
+  ~PrivateStores() { instance.reset(); }
+  static inline std::unique_ptr<LocalStores> instance;
+};
+
+LocalStores& stores() {
+  if (!PrivateStores::instance) throw std::logic_error("the private stores are not running");
+  return *PrivateStores::instance;
+}
+
+// -------------------------------------------------------------------------------------------
+// Figures and timing.
+
+/// Operation timeouts the C25 gateways run with (the values the scenarios are specified for).
+constexpr auto kRedisTimeout = 300ms;
+constexpr auto kPgTimeout = 500ms;
+/// SPEC C25: a request that meets a store fault ends within operation_timeout + this.
+constexpr auto kStoreFaultSlack = 1s;
+/// How long a gateway may take to serve normally again once its store is back (C25).
+constexpr auto kRecoveryDeadline = 10s;
+/// Client-side bound on every request here, so that a hanging gateway fails the test instead of
+/// blocking it; well above every bound the assertions check.
+constexpr auto kClientTimeout = 5s;
+/// Interval between retries of a client that polls (for a lock to lapse, a store to return).
+constexpr auto kRetryInterval = 100ms;
+
+std::int64_t ms(Clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+}
+
+void report(const std::string& scenario, std::uint64_t executions, std::uint64_t distinct_keys) {
+  std::cout << "scenario=" << scenario << " executions=" << executions
+            << " distinct_keys=" << distinct_keys << std::endl;
+}
+
+/// A response, or the client's error, and how long the exchange took.
+struct Timed {
+  HttpResponse response;
+  std::string error;  ///< non-empty: no response (timeout, reset)
+  Clock::duration elapsed{};
+  Clock::time_point done;
+};
+
+Timed send_timed(const Gateway& gateway, const HttpRequest& request, int instance = 0) {
+  Timed t;
+  const auto start = Clock::now();
+  try {
+    t.response = http_request(kLoopback, gateway.port(instance), request, kClientTimeout);
+  } catch (const std::exception& e) {
+    t.error = e.what();
+  }
+  t.done = Clock::now();
+  t.elapsed = t.done - start;
+  return t;
+}
+
+/// POST /payments with `key` and a payment body for `external_id`, routed by `host`.
+HttpRequest payment_post(const std::string& host, const std::string& key,
+                         const std::string& external_id) {
+  return keyed_post("/payments", key, payment_body(external_id), {{"Host", host}});
+}
+
+bool replayed(const HttpResponse& r) {
+  return r.header("Idempotent-Replayed").value_or("") == "true";
+}
+
+bool unprotected(const HttpResponse& r) {
+  return r.header("Idempotency-Status").value_or("") == "unprotected";
+}
+
+/// The gateway's own problem types (gateway/http/problem.cpp); the payment service has types of
+/// the same names under its own prefix, which these must not be taken for.
+const std::string kGatewayProblems = "https://idemgate.dev/problems/";
+
+/// 409 problem+json of type request-in-flight with Retry-After (C18, C23, C26).
+bool in_flight(const HttpResponse& r) {
+  return is_problem(r, 409) && problem_type(r) == kGatewayProblems + "request-in-flight" &&
+         r.header("Retry-After").has_value();
+}
+
+/// 503 problem+json of type store-unavailable with Retry-After (C25 fail_closed).
+bool store_unavailable(const HttpResponse& r) {
+  return is_problem(r, 503) && problem_type(r) == kGatewayProblems + "store-unavailable" &&
+         r.header("Retry-After").has_value();
+}
+
+/// An answer of the upstream rather than of the gateway.
+bool from_upstream(const HttpResponse& r) {
+  return !problem_type(r).starts_with(kGatewayProblems);
+}
+
+/// Executed now by the upstream under the contract: its own success, not a replay and not an
+/// unprotected forward.
+bool executed(const HttpResponse& r) {
+  return (r.status == 200 || r.status == 201) && !replayed(r) && !unprotected(r);
+}
+
+/// The JSON objects among `text`'s lines whose `msg` contains `fragment`.
+std::vector<json::object> log_lines(const std::string& text, const std::string& fragment) {
+  std::vector<json::object> out;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    json::error_code ec;
+    const json::value v = json::parse(line, ec);
+    if (ec || !v.is_object()) continue;
+    const auto* msg = v.as_object().if_contains("msg");
+    if (msg && msg->is_string() &&
+        std::string_view(msg->as_string()).find(fragment) != std::string_view::npos) {
+      out.push_back(v.as_object());
+    }
+  }
+  return out;
+}
+
+// -------------------------------------------------------------------------------------------
+// A synchronous Redis client for the commands that disturb the server (DEBUG SLEEP, CLIENT KILL).
+
+class SyncRedis {
+ public:
+  /// Connects to the private Redis; every later read or write gives up after `timeout`.
+  explicit SyncRedis(std::chrono::milliseconds timeout = 5s) {
+    const std::string address = stores().redis_address();
+    const auto colon = address.rfind(':');
+    const std::string host = address.substr(0, colon);
+    const int port = std::stoi(address.substr(colon + 1));
+    timeval tv{};
+    tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+    tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+    context_ = redisConnectWithTimeout(host.c_str(), port, tv);
+    if (!context_ || context_->err) {
+      const std::string error = context_ ? context_->errstr : "out of memory";
+      if (context_) redisFree(context_);
+      throw std::runtime_error("cannot connect to Redis at " + address + ": " + error);
+    }
+    redisSetTimeout(context_, tv);
+  }
+  ~SyncRedis() { redisFree(context_); }
+  SyncRedis(const SyncRedis&) = delete;
+  SyncRedis& operator=(const SyncRedis&) = delete;
+
+  /// Writes a command without waiting for its reply (pair with receive()).
+  void send(const std::vector<std::string>& argv) {
+    std::vector<const char*> args;
+    std::vector<std::size_t> lengths;
+    for (const auto& a : argv) {
+      args.push_back(a.data());
+      lengths.push_back(a.size());
+    }
+    if (redisAppendCommandArgv(context_, static_cast<int>(args.size()), args.data(),
+                               lengths.data()) != REDIS_OK) {
+      throw std::runtime_error(std::string("Redis append: ") + context_->errstr);
+    }
+    int done = 0;
+    while (!done) {
+      if (redisBufferWrite(context_, &done) != REDIS_OK)
+        throw std::runtime_error(std::string("Redis write: ") + context_->errstr);
+    }
+  }
+
+  /// The next reply as text (integers in decimal, errors prefixed with `-`). Throws on an I/O
+  /// error or when no reply came within the timeout.
+  std::string receive() {
+    void* raw = nullptr;
+    if (redisGetReply(context_, &raw) != REDIS_OK || raw == nullptr)
+      throw std::runtime_error(std::string("Redis read: ") + context_->errstr);
+    auto* reply = static_cast<redisReply*>(raw);
+    std::string text;
+    switch (reply->type) {
+      case REDIS_REPLY_INTEGER:
+        text = std::to_string(reply->integer);
+        break;
+      case REDIS_REPLY_ERROR:
+        text = "-" + std::string(reply->str, reply->len);
+        break;
+      case REDIS_REPLY_STRING:
+      case REDIS_REPLY_STATUS:
+        text = std::string(reply->str, reply->len);
+        break;
+      default:
+        text = "(other)";
+        break;
+    }
+    freeReplyObject(reply);
+    return text;
+  }
+
+  std::string command(const std::vector<std::string>& argv) {
+    send(argv);
+    return receive();
+  }
+
+ private:
+  redisContext* context_ = nullptr;
+};
+
+/// Whether Redis answers a PING within `timeout` on a fresh connection.
+bool redis_answers(std::chrono::milliseconds timeout) {
+  try {
+    SyncRedis probe(timeout);
+    return probe.command({"PING"}) == "PONG";
+  } catch (const std::runtime_error&) {
+    return false;
+  }
+}
+
+/// Deletes a trigger function and its trigger when the scope ends, whatever the test's outcome.
+struct DropOnExit {
+  std::function<void()> drop;
+  ~DropOnExit() {
+    try {
+      drop();
+    } catch (const std::exception& e) {
+      BOOST_TEST_MESSAGE("clean-up failed: " << e.what());
+    }
+  }
+};
+
+}  // namespace
+
+BOOST_TEST_GLOBAL_FIXTURE(PrivateStores);
+
+// -------------------------------------------------------------------------------------------
+// C23 — the lock
+
+namespace {
+
+std::string single_route(const std::string& name, const std::string& idempotency_lines) {
+  return "  - name: " + name +
+         "\n"
+         "    match: { path_prefix: /payments, methods: [POST] }\n"
+         "    upstream: payments\n"
+         "    idempotency:\n"
+         "      mode: required\n"
+         "      methods: [POST]\n" +
+         idempotency_lines;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C23_killed_gateway_leaves_the_lock_to_expire_then_the_retry_executes) {
+  PaymentService payments({.delay_ms = 1000});
+  GatewayConfig config;
+  config.upstreams = {{"payments", {payments.address()}}};
+  config.routes_yaml = single_route("c23-kill", "      lock_ttl: 2s\n");
+  config.redis_operation_timeout = "300ms";
+  Gateway gateway(config, 2);
+  const auto lock_ttl = 2s;
+
+  const std::string key = unique_name("c23-kill");
+  const HttpRequest request = payment_post("gateway.test", key, unique_name("pay-c23-kill"));
+  const auto posts = payments.counter("payment_posts");
+  const auto inserted = payments.counter("payments_inserted");
+
+  const auto sent = Clock::now();
+  auto first = std::async(std::launch::async, [&] { return send_timed(gateway, request, 0); });
+  BOOST_REQUIRE_MESSAGE(payments.wait_for_counter("payment_posts", posts + 1),
+                        "the first request never reached the upstream\n"
+                            << gateway.diagnostics());
+  gateway.signal(SIGKILL, 0);  // mid-request: the lock is held and will never be released
+  const auto killed_at = Clock::now();
+  const std::string pttl = SyncRedis().command({"PTTL", lock_key(record_id_hex("c23-kill", key))});
+  BOOST_TEST(std::stoll(pttl) > 0, "no lock with a TTL after the kill: PTTL " << pttl);
+  const Timed killed = first.get();
+  BOOST_TEST(!killed.error.empty(),
+             "the client of the killed gateway got an answer: " << describe(killed.response));
+
+  // Retries through the second gateway: 409 while the orphaned lock lives, then one execution.
+  std::vector<Timed> conflicts;
+  Timed last;
+  const auto deadline = sent + lock_ttl + kRecoveryDeadline;
+  for (;;) {
+    last = send_timed(gateway, request, 1);
+    BOOST_REQUIRE_MESSAGE(last.error.empty(), "retry failed: " << last.error);
+    if (!in_flight(last.response)) break;
+    conflicts.push_back(last);
+    BOOST_REQUIRE_MESSAGE(Clock::now() < deadline, "still 409 long after lock_ttl\n"
+                                                       << gateway.explain(last.response));
+    std::this_thread::sleep_for(kRetryInterval);
+  }
+  BOOST_TEST(!conflicts.empty(), "the first retry was not refused with 409");
+  // The lock was taken after `sent` with PX lock_ttl: no retry can execute before it lapses.
+  BOOST_TEST(ms(last.done - sent) >= ms(lock_ttl),
+             "the retry executed " << ms(last.done - sent) << " ms after the first request");
+  // The killed request did execute upstream: the payment service's UNIQUE (provider, external
+  // id) — the seed's second layer — answers the retry with the existing payment (200).
+  BOOST_TEST(executed(last.response), gateway.explain(last.response));
+  BOOST_TEST(last.response.status == 200u, gateway.explain(last.response));
+
+  const Timed replay = send_timed(gateway, request, 1);
+  BOOST_REQUIRE(replay.error.empty());
+  BOOST_TEST(replayed(replay.response), gateway.explain(replay.response));
+  BOOST_TEST(replay.response.status == last.response.status);
+  BOOST_TEST(replay.response.body == last.response.body);
+
+  BOOST_TEST(payments.wait_for_counter("payments_inserted", inserted + 1));
+  const auto executions = payments.counter("payment_posts") - posts;
+  BOOST_TEST(executions == 2u, "the killed request and the retry after lock_ttl");
+  BOOST_TEST(payments.counter("payments_inserted") - inserted == 1u,
+             "the second layer keeps one payment");
+  report("C23_gateway_killed_mid_request", executions, 1);
+  std::cout << "figures scenario=C23_gateway_killed_mid_request conflicts=" << conflicts.size()
+            << " last_conflict_ms=" << (conflicts.empty() ? 0 : ms(conflicts.back().done - sent))
+            << " killed_after_ms=" << ms(killed_at - sent) << " lock_pttl_at_kill_ms=" << pttl
+            << " retry_executed_after_ms=" << ms(last.done - sent) << std::endl;
+}
+
+BOOST_AUTO_TEST_CASE(spec_C23_lock_is_renewed_while_a_slow_upstream_runs) {
+  PaymentService payments({.delay_ms = 2500});
+  GatewayConfig config;
+  config.upstreams = {{"payments", {payments.address()}}};
+  config.routes_yaml = single_route("c23-renew", "      lock_ttl: 1s\n");
+  config.redis_operation_timeout = "300ms";
+  Gateway gateway(config);
+
+  const std::string key = unique_name("c23-renew");
+  const HttpRequest request = payment_post("gateway.test", key, unique_name("pay-c23-renew"));
+  const auto posts = payments.counter("payment_posts");
+
+  const auto sent = Clock::now();
+  auto first = std::async(std::launch::async, [&] { return send_timed(gateway, request); });
+  BOOST_REQUIRE(payments.wait_for_counter("payment_posts", posts + 1));
+
+  // Past lock_ttl (1 s) and past two of them: without renewal the lock would have lapsed and a
+  // duplicate would execute.
+  for (const auto at : {1500ms, 2200ms}) {
+    std::this_thread::sleep_until(sent + at);
+    const Timed duplicate = send_timed(gateway, request);
+    BOOST_REQUIRE_MESSAGE(duplicate.error.empty(), duplicate.error);
+    BOOST_TEST(in_flight(duplicate.response),
+               "duplicate at " << ms(at) << " ms: " << gateway.explain(duplicate.response));
+  }
+  BOOST_TEST((first.wait_for(0s) != std::future_status::ready),
+             "the first request ended before the duplicates were checked: inconclusive");
+
+  const Timed original = first.get();
+  BOOST_REQUIRE_MESSAGE(original.error.empty(), original.error);
+  BOOST_TEST(original.response.status == 201u, gateway.explain(original.response));
+  const Timed replay = send_timed(gateway, request);
+  BOOST_REQUIRE(replay.error.empty());
+  BOOST_TEST(replayed(replay.response), gateway.explain(replay.response));
+  BOOST_TEST(replay.response.body == original.response.body);
+
+  const auto executions = payments.counter("payment_posts") - posts;
+  BOOST_TEST(executions == 1u);
+  report("C23_lock_renewed", executions, 1);
+}
+
+// -------------------------------------------------------------------------------------------
+// C24 — expiry and the cleaner
+
+BOOST_AUTO_TEST_CASE(spec_C24_record_past_expires_at_is_absent_at_once_and_the_retry_executes) {
+  PaymentService payments;
+  GatewayConfig config;
+  config.upstreams = {{"payments", {payments.address()}}};
+  config.routes_yaml = single_route("c24-ttl", "      ttl: 1s\n");
+  Gateway gateway(config);
+  Database db(stores().pg_dsn());
+
+  const std::string key = unique_name("c24-ttl");
+  const HttpRequest request = payment_post("gateway.test", key, unique_name("pay-c24-ttl"));
+  const std::string id = record_id_hex("c24-ttl", key);
+  const auto posts = payments.counter("payment_posts");
+
+  const Timed created = send_timed(gateway, request);
+  BOOST_REQUIRE(created.error.empty());
+  BOOST_REQUIRE_MESSAGE(created.response.status == 201u, gateway.explain(created.response));
+  const Timed replay = send_timed(gateway, request);
+  BOOST_REQUIRE(replay.error.empty());
+  BOOST_TEST(replayed(replay.response), gateway.explain(replay.response));
+
+  // The database clock decides expiry: wait until it says the record has expired.
+  const auto deadline = Clock::now() + kEventDeadline;
+  while (db.scalar("SELECT count(*) FROM idempotency_record"
+                   " WHERE id = decode($1, 'hex') AND expires_at > now()",
+                   {id}) != "0") {
+    BOOST_REQUIRE_MESSAGE(Clock::now() < deadline, "the record never expired");
+    std::this_thread::sleep_for(10ms);
+  }
+  const Timed after = send_timed(gateway, request);
+  BOOST_REQUIRE(after.error.empty());
+  // Executed again; the payment service's UNIQUE answers with the existing payment.
+  BOOST_TEST(executed(after.response), gateway.explain(after.response));
+  BOOST_TEST(after.response.status == 200u, gateway.explain(after.response));
+
+  const auto executions = payments.counter("payment_posts") - posts;
+  BOOST_TEST(executions == 2u, "the first request and the retry after expiry");
+  report("C24_expired_record_absent", executions, 1);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C24_cleaner_deletes_expired_rows_in_batches_and_keeps_live_ones) {
+  PaymentService payments;
+  GatewayConfig config;
+  config.upstreams = {{"payments", {payments.address()}}};
+  config.routes_yaml =
+      "  - name: c24-short\n"
+      "    match: { host: short.test, path_prefix: /payments }\n"
+      "    upstream: payments\n"
+      "    idempotency: { mode: required, methods: [POST], ttl: 1s }\n"
+      "  - name: c24-live\n"
+      "    match: { host: live.test, path_prefix: /payments }\n"
+      "    upstream: payments\n"
+      "    idempotency: { mode: required, methods: [POST] }\n";
+  config.cleanup = "{ interval: 1s, batch: 2 }";
+  constexpr int kBatch = 2;
+  constexpr int kShort = 5;
+  constexpr int kLive = 2;
+  Gateway gateway(config);
+  Database db(stores().pg_dsn());
+  const auto posts = payments.counter("payment_posts");
+
+  std::vector<HttpRequest> live;
+  for (int i = 0; i < kShort + kLive; ++i) {
+    const bool is_short = i < kShort;
+    const HttpRequest request = payment_post(is_short ? "short.test" : "live.test",
+                                             unique_name("c24-clean"), unique_name("pay-c24"));
+    const Timed t = send_timed(gateway, request);
+    BOOST_REQUIRE(t.error.empty());
+    BOOST_REQUIRE_MESSAGE(t.response.status == 201u, gateway.explain(t.response));
+    if (!is_short) live.push_back(request);
+  }
+  const auto executions = payments.counter("payment_posts") - posts;
+  BOOST_TEST(executions == static_cast<std::uint64_t>(kShort + kLive));
+  // How far apart the short rows expire, by the database's clock (used below).
+  const std::string spread_ms = db.scalar(
+      "SELECT (extract(epoch FROM max(expires_at) - min(expires_at)) * 1000)::bigint::text"
+      " FROM idempotency_record WHERE route = 'c24-short'");
+
+  const auto count = [&](const char* route) {
+    return std::stoi(
+        db.scalar("SELECT count(*) FROM idempotency_record WHERE route = $1", {route}));
+  };
+  const auto deadline = Clock::now() + kEventDeadline;
+  int left = count("c24-short");
+  while (left != 0) {
+    BOOST_REQUIRE_MESSAGE(Clock::now() < deadline, left << " expired rows were never deleted\n"
+                                                        << gateway.diagnostics());
+    std::this_thread::sleep_for(50ms);
+    left = count("c24-short");
+  }
+  BOOST_TEST(count("c24-live") == kLive, "the cleaner deleted live rows");
+  for (const auto& request : live) {
+    const Timed t = send_timed(gateway, request);
+    BOOST_REQUIRE(t.error.empty());
+    BOOST_TEST(replayed(t.response), gateway.explain(t.response));
+  }
+
+  // Every round logs its total; rounds are at least one interval apart, so when the rows expire
+  // within less than an interval of each other at most two rounds share them, and one of those
+  // deleted more than a batch: the cleaner went on with further batches in the same round.
+  std::int64_t deleted = 0;
+  std::int64_t largest_round = 0;
+  for (const auto& line : log_lines(gateway.stderr_text(), "expired records deleted")) {
+    const auto* n = line.if_contains("deleted");
+    if (!n || !n->is_number()) continue;
+    deleted += n->to_number<std::int64_t>();
+    largest_round = std::max(largest_round, n->to_number<std::int64_t>());
+  }
+  BOOST_TEST(deleted >= kShort, gateway.diagnostics());
+  if (!spread_ms.empty() && std::stoll(spread_ms) < 1000) {
+    BOOST_TEST(largest_round > kBatch, "no round deleted more than one batch\n"
+                                           << gateway.diagnostics());
+  } else {
+    BOOST_TEST_MESSAGE("rows expired " << spread_ms << " ms apart; batching not checked");
+  }
+  report("C24_cleaner_batches", executions, kShort + kLive);
+  std::cout << "figures scenario=C24_cleaner_batches deleted=" << deleted
+            << " largest_round=" << largest_round << " expiry_spread_ms=" << spread_ms << std::endl;
+}
+
+// -------------------------------------------------------------------------------------------
+// C25 — store faults, fail_closed and fail_open on one gateway
+
+namespace {
+
+enum class Policy { fail_closed, fail_open };
+
+const char* name_of(Policy p) {
+  return p == Policy::fail_closed ? "fail_closed" : "fail_open";
+}
+
+/// One way of breaking a store, and of mending it.
+struct StoreFault {
+  std::string name;
+  std::chrono::milliseconds operation_timeout;  ///< of the store that fails
+  /// The store itself stays up (a dropped connection): the gateway may reconnect before the
+  /// request needs it and serve it normally.
+  bool store_stays_up = false;
+  std::function<void()> inject;
+  std::function<void()> heal;  ///< may be empty: nothing to mend
+};
+
+/// One route of the C25 gateway with its own payment service, so that each policy's executions
+/// are counted apart.
+struct PolicyRoute {
+  PolicyRoute(Policy p, std::string h)
+      : policy(p), host(std::move(h)), payments(std::make_unique<PaymentService>()) {}
+
+  Policy policy;
+  std::string host;  ///< routes by Host
+  std::unique_ptr<PaymentService> payments;
+  std::uint64_t posts_before = 0;
+  std::string key;
+  HttpRequest request;
+  std::uint64_t forwarded = 0;  ///< responses that say the upstream was called
+  std::uint64_t executed = 0;   ///< of those, the upstream's own successes (200, 201)
+  std::string during;           ///< what the request during the fault got, for the report
+  std::int64_t during_ms = 0;
+};
+
+GatewayConfig c25_config(const PolicyRoute& closed, const PolicyRoute& open) {
+  GatewayConfig config;
+  config.threads = 1;  // one pool and one Redis connection: the faults hit the ones in use
+  config.postgres_operation_timeout = std::to_string(kPgTimeout.count()) + "ms";
+  config.redis_operation_timeout = std::to_string(kRedisTimeout.count()) + "ms";
+  config.upstreams = {{"closed", {closed.payments->address()}},
+                      {"open", {open.payments->address()}}};
+  config.routes_yaml =
+      "  - name: c25-closed\n"
+      "    match: { host: " +
+      closed.host +
+      ", path_prefix: /payments }\n"
+      "    upstream: closed\n"
+      "    idempotency: { mode: required, methods: [POST], lock_ttl: 2s, "
+      "on_store_error: fail_closed }\n"
+      "  - name: c25-open\n"
+      "    match: { host: " +
+      open.host +
+      ", path_prefix: /payments }\n"
+      "    upstream: open\n"
+      "    idempotency: { mode: required, methods: [POST], lock_ttl: 2s, "
+      "on_store_error: fail_open }\n";
+  return config;
+}
+
+std::string outcome_of(const HttpResponse& r) {
+  if (unprotected(r)) return "unprotected-" + std::to_string(r.status);
+  if (replayed(r)) return "replayed-" + std::to_string(r.status);
+  if (store_unavailable(r)) return "503";
+  if (in_flight(r)) return "409";
+  return std::to_string(r.status);
+}
+
+/// The C25 contract for one fault on both policies: every request during the fault ends within
+/// operation_timeout + 1 s with 503 problem+json and Retry-After, the upstream not called
+/// (fail_closed), or forwarded and marked `Idempotency-Status: unprotected` (fail_open); a
+/// fault the store itself survives may also be served normally. Once the store is back, the
+/// same gateway process serves the same key normally (executed, then replayed) within
+/// kRecoveryDeadline. The payment services count exactly the forwards the answers announced.
+void check_store_fault(StoreFault fault) {
+  PolicyRoute routes[2] = {{Policy::fail_closed, "closed.test"}, {Policy::fail_open, "open.test"}};
+  Gateway gateway(c25_config(routes[0], routes[1]));
+  const auto bound = fault.operation_timeout + kStoreFaultSlack;
+
+  // Warm up: the gateway's store connections exist when the fault strikes.
+  for (auto& r : routes) {
+    const Timed t = send_timed(
+        gateway, payment_post(r.host, unique_name("c25-warm"), unique_name("pay-c25-warm")));
+    BOOST_REQUIRE(t.error.empty());
+    BOOST_REQUIRE_MESSAGE(t.response.status == 201u, gateway.explain(t.response));
+    r.posts_before = r.payments->counter("payment_posts");
+    r.key = unique_name("c25-" + fault.name);
+    r.request = payment_post(r.host, r.key, unique_name("pay-c25"));
+  }
+
+  fault.inject();
+  for (auto& r : routes) {
+    const Timed t = send_timed(gateway, r.request);
+    BOOST_TEST_CONTEXT(fault.name << ", " << name_of(r.policy) << ", during the fault") {
+      BOOST_REQUIRE_MESSAGE(t.error.empty(), "no answer after " << ms(t.elapsed)
+                                                                << " ms: " << t.error << "\n"
+                                                                << gateway.diagnostics());
+      const HttpResponse& res = t.response;
+      BOOST_TEST(ms(t.elapsed) <= ms(bound), "answered after " << ms(t.elapsed) << " ms");
+      r.during = outcome_of(res);
+      r.during_ms = ms(t.elapsed);
+      if (fault.store_stays_up && executed(res)) {
+        ++r.forwarded;
+        ++r.executed;
+      } else if (r.policy == Policy::fail_closed) {
+        BOOST_TEST(store_unavailable(res), gateway.explain(res));
+        BOOST_TEST(r.payments->counter("payment_posts") == r.posts_before,
+                   "fail_closed called the upstream");
+      } else {
+        BOOST_TEST(unprotected(res), gateway.explain(res));
+        if (unprotected(res)) ++r.forwarded;
+      }
+    }
+  }
+  if (fault.heal) fault.heal();
+
+  for (auto& r : routes) {
+    BOOST_TEST_CONTEXT(fault.name << ", " << name_of(r.policy) << ", after the fault") {
+      // The same key again until it is served normally: 503 / unprotected while the gateway
+      // has not reconnected yet, 409 while a lock taken by a timed-out attempt lapses.
+      const auto healed = Clock::now();
+      std::optional<HttpResponse> first_normal;
+      int attempts = 0;
+      int conflicts = 0;
+      while (!first_normal) {
+        const Timed t = send_timed(gateway, r.request);
+        ++attempts;
+        BOOST_REQUIRE_MESSAGE(t.error.empty(), "no answer: " << t.error << "\n"
+                                                             << gateway.diagnostics());
+        BOOST_TEST(ms(t.elapsed) <= ms(bound), "answered after " << ms(t.elapsed) << " ms");
+        const HttpResponse& res = t.response;
+        if (executed(res)) {
+          ++r.forwarded;
+          ++r.executed;
+        }
+        if (executed(res) || replayed(res)) {
+          first_normal = res;
+          break;
+        }
+        if (unprotected(res)) {
+          BOOST_TEST((r.policy == Policy::fail_open), gateway.explain(res));
+          ++r.forwarded;
+        } else if (from_upstream(res)) {
+          // The payment service shares the stopped Postgres: its first request after the
+          // restart may fail on its own stale connection (503, not stored, key left free).
+          ++r.forwarded;
+        } else if (in_flight(res)) {
+          ++conflicts;
+        } else if (!store_unavailable(res)) {
+          BOOST_FAIL("unexpected answer while recovering: " << gateway.explain(res));
+        }
+        BOOST_REQUIRE_MESSAGE(Clock::now() - healed < kRecoveryDeadline,
+                              "not served normally " << ms(kRecoveryDeadline)
+                                                     << " ms after the store came back; last: "
+                                                     << gateway.explain(res));
+        std::this_thread::sleep_for(kRetryInterval);
+      }
+      const Timed replay = send_timed(gateway, r.request);
+      BOOST_REQUIRE(replay.error.empty());
+      BOOST_TEST(replayed(replay.response), gateway.explain(replay.response));
+      BOOST_TEST(replay.response.status == first_normal->status);
+      BOOST_TEST(replay.response.body == first_normal->body);
+
+      const auto executions = r.payments->counter("payment_posts") - r.posts_before;
+      BOOST_TEST(executions == r.forwarded, "the upstream was called more often than answered");
+      // fail_closed never forwards without the lock: one successful execution per key. (The
+      // upstream may have been called once more and failed on its own, e.g. the payment service
+      // on its stale connection after a Postgres restart; that answer is not stored.)
+      if (r.policy == Policy::fail_closed) {
+        BOOST_TEST(r.executed == 1u, "fail_closed promises exactly-once");
+      }
+      const std::string scenario = "C25_" + fault.name + "_" + name_of(r.policy);
+      report(scenario, executions, 1);
+      std::cout << "figures scenario=" << scenario << " during=" << r.during
+                << " during_ms=" << r.during_ms
+                << " recovered_after_ms=" << ms(Clock::now() - healed) << " attempts=" << attempts
+                << " conflicts=" << conflicts << std::endl;
+    }
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C25_redis_stopped_503_or_unprotected_then_reconnects) {
+  bool down = false;
+  StoreFault fault{"redis_stopped", kRedisTimeout, false,
+                   [&] {
+                     stores().stop_redis();
+                     down = true;
+                   },
+                   [&] {
+                     stores().start_redis();
+                     down = false;
+                   }};
+  struct Restart {
+    bool& down;
+    ~Restart() {
+      if (down) stores().start_redis();
+    }
+  } restart{down};
+  check_store_fault(fault);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C25_postgres_stopped_503_or_unprotected_then_reconnects) {
+  bool down = false;
+  StoreFault fault{"postgres_stopped", kPgTimeout, false,
+                   [&] {
+                     stores().stop_pg();
+                     down = true;
+                   },
+                   [&] {
+                     stores().start_pg();
+                     down = false;
+                   }};
+  struct Restart {
+    bool& down;
+    ~Restart() {
+      if (down) stores().start_pg();
+    }
+  } restart{down};
+  check_store_fault(fault);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C25_postgres_backend_terminated_no_hang_then_reconnects) {
+  StoreFault fault{"postgres_backend_terminated",
+                   kPgTimeout,
+                   true,
+                   [] {
+                     Database db(stores().pg_dsn());
+                     const auto killed = db.scalar(
+                         "SELECT count(pg_terminate_backend(pid))::text FROM pg_stat_activity"
+                         " WHERE application_name = 'idemgate' AND datname = 'idem'"
+                         " AND pid <> pg_backend_pid()");
+                     BOOST_TEST_REQUIRE(std::stoi(killed) >= 1, "no gateway backend to end");
+                   },
+                   {}};
+  check_store_fault(fault);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C25_redis_client_killed_no_hang_then_reconnects) {
+  StoreFault fault{"redis_client_killed",
+                   kRedisTimeout,
+                   true,
+                   [] {
+                     SyncRedis admin;
+                     const auto killed = admin.command({"CLIENT", "KILL", "TYPE", "normal"});
+                     BOOST_TEST_REQUIRE(std::stoi(killed) >= 1,
+                                        "no gateway connection to kill: " << killed);
+                   },
+                   {}};
+  check_store_fault(fault);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C25_redis_stalled_times_out_then_serves_after_the_stall) {
+  constexpr auto kStall = 3s;
+  std::unique_ptr<SyncRedis> sleeper;
+  Clock::time_point stall_sent;
+  StoreFault fault{"redis_stalled", kRedisTimeout, false,
+                   [&] {
+                     sleeper = std::make_unique<SyncRedis>(kStall + 10s);
+                     stall_sent = Clock::now();
+                     sleeper->send({"DEBUG", "SLEEP", std::to_string(kStall.count())});
+                     // Stalled once a fresh connection's PING goes unanswered.
+                     const auto deadline = Clock::now() + kStall;
+                     while (redis_answers(100ms)) {
+                       BOOST_TEST_REQUIRE((Clock::now() < deadline), "Redis never stalled");
+                     }
+                   },
+                   [&] {
+                     // The stall began after stall_sent and lasts kStall: the requests above
+                     // ran inside it if they ended before stall_sent + kStall.
+                     BOOST_TEST(ms(Clock::now() - stall_sent) < ms(kStall),
+                                "the requests outlasted the stall: inconclusive");
+                     BOOST_TEST(sleeper->receive() == "OK");  // the stall is over
+                     sleeper.reset();
+                   }};
+  struct Wake {
+    std::unique_ptr<SyncRedis>& sleeper;
+    ~Wake() {
+      if (!sleeper) return;
+      try {
+        sleeper->receive();
+      } catch (const std::exception&) {
+      }
+    }
+  } wake{sleeper};
+  check_store_fault(fault);
+}
+
+// -------------------------------------------------------------------------------------------
+// C26 — the record commit fails after the upstream answered
+
+BOOST_AUTO_TEST_CASE(spec_C26_failed_commit_still_answers_keeps_the_lock_and_logs) {
+  PaymentService payments;
+  GatewayConfig config;
+  config.upstreams = {{"payments", {payments.address()}}};
+  config.routes_yaml = single_route("c26", "      lock_ttl: 30s\n");
+  Gateway gateway(config);
+  Database db(stores().pg_dsn());
+
+  // Rows of route c26 cannot be inserted; other routes are untouched.
+  db.row(
+      "CREATE OR REPLACE FUNCTION idemgate_c26_refuse() RETURNS trigger LANGUAGE plpgsql AS"
+      " $$BEGIN RAISE EXCEPTION 'record commit refused by the C26 test'; END$$");
+  db.row(
+      "CREATE TRIGGER idemgate_c26_refuse BEFORE INSERT ON idempotency_record FOR EACH ROW"
+      " WHEN (NEW.route = 'c26') EXECUTE FUNCTION idemgate_c26_refuse()");
+  DropOnExit drop{[&] {
+    db.row("DROP TRIGGER IF EXISTS idemgate_c26_refuse ON idempotency_record");
+    db.row("DROP FUNCTION IF EXISTS idemgate_c26_refuse()");
+  }};
+
+  const std::string key = unique_name("c26");
+  const HttpRequest request = payment_post("gateway.test", key, unique_name("pay-c26"));
+  const auto posts = payments.counter("payment_posts");
+
+  const Timed first = send_timed(gateway, request);
+  BOOST_REQUIRE(first.error.empty());
+  BOOST_TEST(first.response.status == 201u, gateway.explain(first.response));
+  BOOST_TEST(first.response.header("Location").has_value(), gateway.explain(first.response));
+  BOOST_TEST(db.scalar("SELECT count(*) FROM idempotency_record WHERE route = 'c26'") == "0");
+
+  const Timed retry = send_timed(gateway, request);
+  BOOST_REQUIRE(retry.error.empty());
+  BOOST_TEST(in_flight(retry.response), gateway.explain(retry.response));
+  RedisClient redis;
+  BOOST_TEST(redis.exists(lock_key(record_id_hex("c26", key))), "the lock was released");
+
+  const auto logged = log_lines(gateway.stderr_text(), "record commit failed");
+  BOOST_TEST(logged.size() == 1u, gateway.diagnostics());
+
+  const auto executions = payments.counter("payment_posts") - posts;
+  BOOST_TEST(executions == 1u);
+  report("C26_record_commit_failed", executions, 1);
+}

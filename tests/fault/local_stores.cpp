@@ -1,0 +1,97 @@
+#include "tests/fault/local_stores.hpp"
+
+#include <chrono>
+#include <cstdlib>
+#include <sstream>
+#include <stdexcept>
+
+#include "tests/e2e/gateway_fixture.hpp"
+#include "tests/support/process.hpp"
+
+namespace idemgate::test::fault {
+namespace {
+
+// initdb and a Postgres start on a loaded machine: a safety net against a hung script, not a
+// measured bound.
+constexpr std::chrono::seconds kScriptDeadline{180};
+
+// The value of `export NAME=VALUE` in the script's output ("" when absent).
+std::string exported(const std::string& output, const std::string& name) {
+  std::istringstream lines(output);
+  const std::string prefix = "export " + name + "=";
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.starts_with(prefix)) return line.substr(prefix.size());
+  }
+  return "";
+}
+
+}  // namespace
+
+LocalStores::LocalStores()
+    : script_(std::filesystem::path(require_env("IDEMGATE_SOURCE_DIR")) / "scripts" /
+              "local-stores") {
+  const std::string output = run({"start"});
+  dir_ = exported(output, "IDEMGATE_STORES_DIR");
+  pg_dsn_ = exported(output, "IDEMGATE_PG_DSN");
+  payments_dsn_ = exported(output, "IDEMGATE_PAYMENTS_DSN");
+  redis_address_ = exported(output, "IDEMGATE_REDIS_ADDR");
+  if (dir_.empty() || pg_dsn_.empty() || payments_dsn_.empty() || redis_address_.empty()) {
+    if (!dir_.empty()) run({"stop", dir_});
+    throw std::runtime_error("local-stores start printed no complete set of exports:\n" + output);
+  }
+  ::setenv("IDEMGATE_STORES_DIR", dir_.c_str(), 1);
+  ::setenv("IDEMGATE_PG_DSN", pg_dsn_.c_str(), 1);
+  ::setenv("IDEMGATE_PAYMENTS_DSN", payments_dsn_.c_str(), 1);
+  ::setenv("IDEMGATE_REDIS_ADDR", redis_address_.c_str(), 1);
+}
+
+LocalStores::~LocalStores() {
+  try {
+    run({"stop", dir_});
+  } catch (const std::exception&) {
+    // Nothing more to do: the stores are private and the directory is under the temp dir.
+  }
+}
+
+void LocalStores::stop_redis() {
+  run({"stop-redis", dir_});
+}
+
+void LocalStores::start_redis() {
+  run({"start-redis", dir_});
+}
+
+void LocalStores::stop_pg() {
+  run({"stop-pg", dir_});
+}
+
+void LocalStores::start_pg() {
+  run({"start-pg", dir_});
+}
+
+std::string LocalStores::run(const std::vector<std::string>& args) const {
+  e2e::TempDir out;
+  ChildOptions o;
+  o.executable = "/bin/bash";
+  o.args.push_back(script_.string());
+  o.args.insert(o.args.end(), args.begin(), args.end());
+  o.env = {{"IDEMGATE_PG_FSYNC", "off"}};
+  o.stdout_path = (out.path() / "stdout").string();
+  o.stderr_path = (out.path() / "stderr").string();
+  ChildProcess child(o);
+  const auto status = child.wait_for(kScriptDeadline);
+  const std::string what = "local-stores " + args.front();
+  if (!status) {
+    child.stop();
+    throw std::runtime_error(what + " did not finish in time; stderr:\n" +
+                             read_text_file(o.stderr_path));
+  }
+  if (*status != 0) {
+    throw std::runtime_error(what + " exited with " + std::to_string(*status) + "; stderr:\n" +
+                             read_text_file(o.stderr_path));
+  }
+  return read_text_file(o.stdout_path);
+}
+
+}  // namespace idemgate::test::fault

@@ -1,0 +1,57 @@
+#pragma once
+// Private Postgres and Redis for fault tests, run by the repository's own `scripts/local-stores`,
+// so that a test may stop, start, stall and disturb them without touching anyone else's stores.
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace idemgate::test::fault {
+
+/// One `scripts/local-stores start` on free loopback ports (Postgres with fsync off), stopped
+/// with `local-stores stop DIR` by the destructor.
+///
+/// The constructor exports IDEMGATE_STORES_DIR, IDEMGATE_PG_DSN, IDEMGATE_PAYMENTS_DSN and
+/// IDEMGATE_REDIS_ADDR into this process's environment (overriding any values already there),
+/// so the e2e fixture and every child process it starts use these stores. The script is found
+/// at $IDEMGATE_SOURCE_DIR/scripts/local-stores and run with /bin/bash.
+///
+/// Every member throws std::runtime_error with the script's stderr when the script fails or
+/// takes longer than kScriptDeadline.
+///
+/// @par Thread Safety
+/// Use from the thread that created the object (the script runs as its child process).
+class LocalStores {
+ public:
+  LocalStores();
+  ~LocalStores();
+  LocalStores(const LocalStores&) = delete;
+  LocalStores& operator=(const LocalStores&) = delete;
+
+  /// Stops Redis (SIGTERM) and waits until its process is gone; the port stays reserved.
+  void stop_redis();
+  /// Starts Redis again on the same port and waits until it accepts connections.
+  void start_redis();
+  /// Stops Postgres (fast shutdown: sessions are ended) and waits until it is gone.
+  void stop_pg();
+  /// Starts Postgres again on the same port and waits until it accepts connections.
+  void start_pg();
+
+  const std::string& dir() const { return dir_; }
+  const std::string& pg_dsn() const { return pg_dsn_; }
+  const std::string& payments_dsn() const { return payments_dsn_; }
+  /// `127.0.0.1:PORT`.
+  const std::string& redis_address() const { return redis_address_; }
+
+ private:
+  /// Runs the script with `args`; returns its stdout.
+  std::string run(const std::vector<std::string>& args) const;
+
+  std::filesystem::path script_;
+  std::string dir_;
+  std::string pg_dsn_;
+  std::string payments_dsn_;
+  std::string redis_address_;
+};
+
+}  // namespace idemgate::test::fault
