@@ -20,6 +20,7 @@
 #include <exception>
 #include <limits>
 #include <optional>
+#include <string_view>
 
 #include "gateway/http/headers.hpp"
 #include "gateway/http/json_log.hpp"
@@ -75,6 +76,22 @@ std::string problem_detail(Problem problem, const config::Limits& limits,
     default:
       return "the request could not be parsed: " + ec.message();
   }
+}
+
+/// Whether the header section at the start of `data` continues a field line on the next line
+/// (obs-fold, RFC 9112 §5.2). Beast joins such lines with a space; the gateway refuses them
+/// with 400 instead, so that no hop behind it can read a folded field (a folded
+/// Transfer-Encoding above all) differently from the gateway (C03).
+bool has_obs_fold(std::string_view data) {
+  const auto end = data.find("\r\n\r\n");
+  const std::string_view section = data.substr(0, end == std::string_view::npos ? end : end + 2);
+  for (auto eol = section.find("\r\n"); eol != std::string_view::npos;
+       eol = section.find("\r\n", eol + 2)) {
+    if (eol + 2 < section.size() && (section[eol + 2] == ' ' || section[eol + 2] == '\t')) {
+      return true;
+    }
+  }
+  return false;
 }
 
 double to_ms(std::chrono::microseconds us) {
@@ -239,8 +256,33 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
   std::optional<Problem> reject;
   std::string reject_detail;
   lowest().expires_after(limits.header_read_timeout);
-  auto [hec, hn] = co_await bhttp::async_read_header(stream_, buffer, parser, use_nothrow);
-  if (hec) {
+  // The whole header section is read before Beast parses it, so that it can be checked for
+  // obs-fold, which the parser would unfold out of sight. A probe parser tells when the section
+  // is complete, or already wrong (then the real parser below reports the same error).
+  const auto header_limit = static_cast<std::uint32_t>(
+      std::min<std::size_t>(limits.max_header_bytes, std::numeric_limits<std::uint32_t>::max()));
+  for (;;) {
+    bhttp::request_parser<bhttp::empty_body> probe;
+    probe.header_limit(header_limit);
+    boost::system::error_code pec;
+    probe.put(buffer.data(), pec);
+    if (pec != bhttp::error::need_more) break;
+    auto [rec, rn] = co_await stream_.async_read_some(buffer.prepare(kReadChunk), use_nothrow);
+    if (rec) co_return false;  // EOF, reset or timeout before a whole header: end silently
+    buffer.commit(rn);
+  }
+  const bool folded = has_obs_fold({static_cast<const char*>(buffer.data().data()), buffer.size()});
+  boost::system::error_code hec;
+  if (!folded) {
+    auto [ec, n] = co_await bhttp::async_read_header(stream_, buffer, parser, use_nothrow);
+    hec = ec;
+  }
+  if (folded) {
+    reject = Problem::bad_request;
+    reject_detail =
+        "a header field line is continued on the next line (obs-fold), which this gateway "
+        "refuses (RFC 9112 section 5.2)";
+  } else if (hec) {
     reject = problem_for(hec);
     if (!reject) co_return false;
     reject_detail = problem_detail(*reject, limits, hec);
