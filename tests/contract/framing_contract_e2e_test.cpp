@@ -1,0 +1,168 @@
+// Request smuggling and ambiguous framing through the gateway (SPEC C03, RFC 9112 §6.3 and
+// §11.2), over raw client sockets. Every hostile request hides a second request
+// (`GET /smuggled`) where a parser that disagrees with the gateway's would find it; the in-test
+// upstream counts what reaches it, so a request forwarded twice or in a smuggled form shows.
+#define BOOST_TEST_MODULE framing_contract_e2e
+#include <boost/test/unit_test.hpp>
+#include <cstdio>
+
+#include "tests/contract/contract_support.hpp"
+
+namespace {
+
+using namespace idemgate::test;
+using namespace idemgate::test::contract;
+
+const std::string kSmuggled = "GET /smuggled HTTP/1.1\r\nHost: gateway.test\r\n\r\n";
+
+/// A gateway with one pass-through route for every path to the in-test upstream.
+struct FramingFixture {
+  TestUpstream upstream;
+  Gateway gateway{[this] {
+    GatewayConfig config;
+    config.upstreams = {{"up", {upstream.address()}}};
+    config.routes = {route("all", "/", "up", "off")};
+    return config;
+  }()};
+
+  /// Expects exactly one response, a 400 (or one of `statuses`) problem, and the connection
+  /// closed after it: nothing behind the rejected request is read as a request.
+  void expect_rejected_and_closed(const std::string& name, const std::string& bytes,
+                                  std::initializer_list<unsigned> statuses = {400}) {
+    BOOST_TEST_CONTEXT(name) {
+      const RawExchange got = raw_exchange(gateway.port(), bytes);
+      BOOST_TEST_REQUIRE(got.responses.size() == 1u, got.responses.size()
+                                                         << " responses; unparsed: " << got.rest);
+      const HttpResponse& res = got.responses.front();
+      bool expected = false;
+      for (const unsigned s : statuses)
+        expected = expected || static_cast<bool>(is_problem(res, s));
+      BOOST_TEST(expected, describe(res));
+      BOOST_TEST(!res.keep_alive, describe(res));
+      BOOST_TEST(got.rest.empty(), "bytes after the response: " << got.rest);
+      BOOST_TEST(got.closed, "the connection stayed open");
+    }
+  }
+};
+
+}  // namespace
+
+BOOST_FIXTURE_TEST_SUITE(framing, FramingFixture)
+
+BOOST_AUTO_TEST_CASE(spec_C03_content_length_with_transfer_encoding_is_400_and_closes) {
+  // CL.TE: a front end that reads Content-Length forwards "0\r\n\r\n" plus the smuggled
+  // request as body; one that reads chunked sees the smuggled request next.
+  const std::string chunked_end = "0\r\n\r\n";
+  expect_rejected_and_closed("Content-Length then Transfer-Encoding",
+                             "POST /a HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: " +
+                                 std::to_string(chunked_end.size() + kSmuggled.size()) +
+                                 "\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked_end +
+                                 kSmuggled);
+  // TE.CL: the reverse order.
+  expect_rejected_and_closed("Transfer-Encoding then Content-Length",
+                             "POST /a HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: "
+                             "chunked\r\nContent-Length: 4\r\n\r\n5c\r\n" +
+                                 kSmuggled + "\r\n0\r\n\r\n");
+  BOOST_TEST(upstream.total() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C03_two_different_content_lengths_are_400_and_close) {
+  expect_rejected_and_closed("two fields",
+                             "POST /a HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: 0\r\n"
+                             "Content-Length: " +
+                                 std::to_string(kSmuggled.size()) + "\r\n\r\n" + kSmuggled);
+  expect_rejected_and_closed("one list",
+                             "POST /a HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: 0, " +
+                                 std::to_string(kSmuggled.size()) + "\r\n\r\n" + kSmuggled);
+  BOOST_TEST(upstream.total() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C03_transfer_encoding_not_ending_in_chunked_is_400_and_closes) {
+  expect_rejected_and_closed("chunked, identity",
+                             "POST /a HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: "
+                             "chunked, identity\r\n\r\n0\r\n\r\n" +
+                                 kSmuggled);
+  expect_rejected_and_closed("unknown coding",
+                             "POST /a HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: "
+                             "xchunked\r\n\r\n0\r\n\r\n" +
+                                 kSmuggled);
+  BOOST_TEST(upstream.total() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C03_obs_fold_header_line_is_400) {
+  // RFC 9112 §5.2: a server rejects obs-fold with 400 (or replaces it by spaces). A fold inside
+  // a framing field is where parsers disagree, so the gateway refuses any fold.
+  expect_rejected_and_closed("folded field",
+                             "GET /a HTTP/1.1\r\nHost: gateway.test\r\nX-Folded: a\r\n b\r\n\r\n");
+  expect_rejected_and_closed("folded Transfer-Encoding",
+                             "POST /a HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: " +
+                                 std::to_string(5 + kSmuggled.size()) +
+                                 "\r\nTransfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\n" + kSmuggled);
+  BOOST_TEST(upstream.total() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C03_bare_lf_line_endings_never_forward_a_smuggled_request) {
+  // Decision: a bare LF does not end a line (RFC 9112 §2.2 allows, never requires, accepting
+  // it): Beast's parser refuses it on the request line ("bad version") and inside a field ("bad
+  // value"), so the gateway answers 400 and closes, and no LF-split text is ever read as a
+  // request of its own.
+  expect_rejected_and_closed("bare LF line endings only",
+                             "GET /lf HTTP/1.1\nHost: gateway.test\n\nGET /smuggled HTTP/1.1\n\n");
+  expect_rejected_and_closed(
+      "bare LF inside a field",
+      "GET /a HTTP/1.1\r\nHost: gateway.test\nX-Smuggle: x\r\nContent-Length: 0\r\n\r\n");
+  expect_rejected_and_closed("bare LF before a hidden request line",
+                             "POST /a HTTP/1.1\r\nHost: gateway.test\r\nX-A: 1\n"
+                             "Content-Length: 0\n\nGET /smuggled HTTP/1.1\r\n\r\n");
+  BOOST_TEST(upstream.total() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C03_huge_chunk_size_is_rejected_and_closes) {
+  expect_rejected_and_closed(
+      "ffffffffffffffff",
+      "POST /a HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "ffffffffffffffff\r\nabc\r\n0\r\n\r\n" +
+          kSmuggled,
+      {400, 413});
+  expect_rejected_and_closed(
+      "overflowing",
+      "POST /a HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "10000000000000001\r\nabc\r\n0\r\n\r\n" +
+          kSmuggled,
+      {400, 413});
+  BOOST_TEST(upstream.total() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C03_a_request_in_a_body_stays_body_and_pipelining_forwards_each_once) {
+  // Well-framed bodies that contain request text arrive as body; the upstream sees one request
+  // per client request, never the hidden one.
+  auto connection = gateway.connect();
+  connection->send_raw("POST /cl HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: " +
+                       std::to_string(kSmuggled.size()) + "\r\n\r\n" + kSmuggled);
+  const HttpResponse cl = connection->read_response();
+  BOOST_TEST(cl.status == 201u, describe(cl));
+  const std::string chunk = kSmuggled;
+  char size[32];
+  std::snprintf(size, sizeof size, "%zx", chunk.size());
+  connection->send_raw(
+      "POST /chunked HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: "
+      "chunked\r\n\r\n" +
+      std::string(size) + "\r\n" + chunk + "\r\n0\r\n\r\n" +
+      // A pipelined request right behind it is a request of its own.
+      "GET /next HTTP/1.1\r\nHost: gateway.test\r\n\r\n");
+  const HttpResponse chunked = connection->read_response();
+  BOOST_TEST(chunked.status == 201u, describe(chunked));
+  const HttpResponse next = connection->read_response();
+  BOOST_TEST(next.status == 201u, describe(next));
+
+  BOOST_TEST(upstream.count("/smuggled") == 0u);
+  BOOST_TEST(upstream.count("/cl") == 1u);
+  BOOST_TEST(upstream.count("/chunked") == 1u);
+  BOOST_TEST(upstream.count("/next") == 1u);
+  BOOST_TEST(upstream.total() == 3u);
+  BOOST_TEST_REQUIRE(upstream.count("/cl") == 1u);
+  BOOST_TEST(upstream.received("/cl").front().body == kSmuggled);
+  BOOST_TEST(upstream.received("/chunked").front().body == kSmuggled);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
