@@ -1,0 +1,25 @@
+# Operations (SPEC §1 signals, §5, label `ops`): metrics without a network, then the real
+# binary's admin endpoints, reload, drain, `keys`, TLS on both sides (certificates made with the
+# openssl CLI at test time), readiness on private stores, and the compose file.
+add_library(idemgate_ops_support STATIC ops/metric_text.cpp ops/ops_support.cpp)
+target_link_libraries(idemgate_ops_support PUBLIC idemgate_e2e_fixture OpenSSL::SSL)
+
+idemgate_test(metrics_test ops
+  SOURCES ops/metrics_test.cpp ops/metric_text.cpp
+  LIBS idemgate_app)
+
+foreach(suite ops_e2e_test ops_tls_e2e_test ops_readiness_e2e_test)
+  idemgate_test(${suite} ops SOURCES ops/${suite}.cpp LIBS idemgate_ops_support)
+  add_dependencies(${suite} idemgate)
+endforeach()
+# Stores of its own: the script starts them, so no shared variable is needed.
+set_tests_properties(ops_readiness_e2e_test PROPERTIES RUN_SERIAL TRUE)
+
+# The compose file parses (the docker-compose client validates offline; scripts/install-deps
+# installs it) and the gateway configuration it runs is valid.
+add_test(NAME docker_compose_config_is_valid
+         COMMAND docker-compose -f ${PROJECT_SOURCE_DIR}/docker-compose.yml config -q)
+add_test(NAME compose_gateway_config_is_valid
+         COMMAND idemgate check-config ${PROJECT_SOURCE_DIR}/conf/compose.yaml)
+set_tests_properties(docker_compose_config_is_valid compose_gateway_config_is_valid
+                     PROPERTIES LABELS ops TIMEOUT 120)

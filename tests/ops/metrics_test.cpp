@@ -1,0 +1,122 @@
+// Metrics (SPEC C31) without a network: names and labels in the text format, and the
+// in-flight-locks gauge kept by the timing decorator over the in-memory lock.
+#define BOOST_TEST_MODULE metrics
+#include "gateway/metrics.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_future.hpp>
+#include <boost/test/unit_test.hpp>
+
+#include "tests/fakes/memory_lock.hpp"
+#include "tests/ops/metric_text.hpp"
+
+namespace idemgate {
+namespace {
+
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+// The sample's value, or -1 when it is missing (Boost.Test cannot print an optional).
+double metric_value(const std::string& text, const std::string& name,
+                    const std::map<std::string, std::string>& labels = {}) {
+  return test::ops::metric_value(text, name, labels).value_or(-1);
+}
+
+template <class T>
+T run(asio::io_context& io, asio::awaitable<T> op) {
+  auto future = asio::co_spawn(io, std::move(op), asio::use_future);
+  io.restart();
+  while (future.wait_for(0s) != std::future_status::ready) io.run_one();
+  return future.get();
+}
+
+core::Sha256 id_of(std::uint8_t n) {
+  core::Sha256 id{};
+  id[0] = n;
+  return id;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C31_every_metric_is_exported_under_its_spec_name) {
+  Metrics metrics;
+  metrics.count_request("pay", "executed");
+  metrics.count_request("pay", "executed");
+  metrics.count_request("", "no_route");
+  metrics.observe_upstream("pay", 1500us);
+  metrics.observe_store("postgres", "find", 2ms);
+  metrics.count_lock_contention();
+  metrics.count_duplicate_execution();
+  metrics.count_record_commit_failure();
+  metrics.connection_opened();
+  std::uint64_t cleaned = 7;
+  metrics.set_cleanup_source([&cleaned] { return cleaned; });
+
+  std::string text = metrics.render();
+  BOOST_TEST(metric_value(text, "idemgate_requests_total",
+                          {{"route", "pay"}, {"outcome", "executed"}}) == 2.0);
+  BOOST_TEST(metric_value(text, "idemgate_requests_total",
+                          {{"route", ""}, {"outcome", "no_route"}}) == 1.0);
+  BOOST_TEST(metric_value(text, "idemgate_upstream_duration_seconds_count", {{"route", "pay"}}) ==
+             1.0);
+  BOOST_TEST(metric_value(text, "idemgate_upstream_duration_seconds_sum", {{"route", "pay"}}) ==
+             0.0015);
+  BOOST_TEST(metric_value(text, "idemgate_store_duration_seconds_bucket",
+                          {{"store", "postgres"}, {"op", "find"}, {"le", "0.0025"}}) == 1.0);
+  BOOST_TEST(metric_value(text, "idemgate_store_duration_seconds_bucket",
+                          {{"store", "postgres"}, {"op", "find"}, {"le", "0.001"}}) == 0.0);
+  BOOST_TEST(metric_value(text, "idemgate_lock_contention_total") == 1.0);
+  BOOST_TEST(metric_value(text, "idemgate_duplicate_executions_total") == 1.0);
+  BOOST_TEST(metric_value(text, "idemgate_record_commit_failures_total") == 1.0);
+  BOOST_TEST(metric_value(text, "idemgate_open_connections") == 1.0);
+  BOOST_TEST(metric_value(text, "idemgate_cleanup_deleted_total") == 7.0);
+  BOOST_TEST(text.find("# TYPE idemgate_requests_total counter") != std::string::npos, text);
+  BOOST_TEST(text.find("# TYPE idemgate_store_duration_seconds histogram") != std::string::npos);
+
+  // The cleanup counter follows the cleaner's total without counting twice.
+  cleaned = 10;
+  text = metrics.render();
+  BOOST_TEST(metric_value(text, "idemgate_cleanup_deleted_total") == 10.0);
+  text = metrics.render();
+  BOOST_TEST(metric_value(text, "idemgate_cleanup_deleted_total") == 10.0);
+}
+
+BOOST_AUTO_TEST_CASE(in_flight_locks_rise_on_acquire_and_fall_on_release_or_loss) {
+  asio::io_context io;
+  Metrics metrics;
+  testing::MemoryLock inner;
+  TimedLockService lock(inner, metrics);
+  auto gauge = [&] { return metric_value(metrics.render(), "idemgate_in_flight_locks"); };
+
+  BOOST_TEST(run(io, lock.try_acquire(id_of(1), "a", 30s)).value());
+  BOOST_TEST(run(io, lock.try_acquire(id_of(2), "b", 30s)).value());
+  BOOST_TEST(!run(io, lock.try_acquire(id_of(1), "c", 30s)).value());  // contention: not ours
+  BOOST_TEST(gauge() == 2.0);
+  BOOST_TEST(run(io, lock.release(id_of(1), "a")).value());
+  BOOST_TEST(gauge() == 1.0);
+
+  // A renew that finds the lock gone means this process no longer holds it.
+  inner.drop(id_of(2));
+  BOOST_TEST(!run(io, lock.renew(id_of(2), "b", 30s)).value());
+  BOOST_TEST(gauge() == 0.0);
+  BOOST_TEST(metric_value(metrics.render(), "idemgate_store_duration_seconds_count",
+                          {{"store", "redis"}, {"op", "try_acquire"}}) == 3.0);
+}
+
+BOOST_AUTO_TEST_CASE(a_lock_kept_on_purpose_leaves_the_gauge_when_its_ttl_ends) {
+  asio::io_context io;
+  Metrics metrics;
+  testing::MemoryLock inner;
+  {
+    TimedLockService lock(inner, metrics);
+    BOOST_TEST(run(io, lock.try_acquire(id_of(3), "held", 20ms)).value());
+    BOOST_TEST(metric_value(metrics.render(), "idemgate_in_flight_locks") == 1.0);
+    // Nothing releases it (C22 hold, C26): the ttl timer is the only work left.
+    io.restart();
+    io.run();
+    BOOST_TEST(metric_value(metrics.render(), "idemgate_in_flight_locks") == 0.0);
+  }
+  BOOST_TEST(metric_value(metrics.render(), "idemgate_in_flight_locks") == 0.0);
+}
+
+}  // namespace idemgate

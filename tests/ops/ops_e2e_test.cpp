@@ -1,0 +1,325 @@
+// Operating the gateway (SPEC §1 signals, §5): admin endpoints, metrics after a scripted run,
+// SIGHUP reload, SIGTERM drain and the `keys` command, on the real binary against the stores in
+// IDEMGATE_PG_DSN / IDEMGATE_REDIS_ADDR.
+#define BOOST_TEST_MODULE ops_e2e
+#include <signal.h>
+
+#include <boost/test/unit_test.hpp>
+#include <fstream>
+#include <thread>
+
+#include "tests/ops/ops_support.hpp"
+
+namespace idemgate::test::ops {
+namespace {
+
+using e2e::GatewayConfig;
+using e2e::is_problem;
+using e2e::keyed_post;
+using e2e::RouteConfig;
+using e2e::TestUpstream;
+using e2e::unique_name;
+using e2e::UpstreamConfig;
+using e2e::UpstreamReply;
+
+RouteConfig route(const std::string& name, const std::string& prefix, const std::string& mode,
+                  std::vector<std::string> scope = {}) {
+  RouteConfig r;
+  r.name = name;
+  r.path_prefix = prefix;
+  r.upstream = "up";
+  r.mode = mode;
+  r.key_scope_headers = std::move(scope);
+  return r;
+}
+
+// A reply held until TestUpstream::release().
+UpstreamReply held() {
+  UpstreamReply reply;
+  reply.hold = true;
+  return reply;
+}
+
+// The connection reset after the request was read: an unknown outcome (C22).
+UpstreamReply reset() {
+  UpstreamReply reply;
+  reply.reset = true;
+  return reply;
+}
+
+GatewayConfig config_for(const TestUpstream& upstream, std::vector<RouteConfig> routes) {
+  GatewayConfig config;
+  config.upstreams = {UpstreamConfig{"up", {upstream.address()}}};
+  config.routes = std::move(routes);
+  config.limits = "{ max_request_body: 1MiB, drain_timeout: 30s }";
+  return config;
+}
+
+double metric(const std::string& text, const std::string& name,
+              const std::map<std::string, std::string>& labels = {}) {
+  const auto value = metric_value(text, name, labels);
+  BOOST_TEST_INFO("metric " << name << " in:\n" << text);
+  BOOST_TEST_REQUIRE(value.has_value());
+  return *value;
+}
+
+struct CliResult {
+  int status = -1;
+  std::string out;
+  std::string err;
+};
+
+// `idemgate keys …` as a child process.
+CliResult run_keys(const OpsGateway& gateway, std::vector<std::string> args) {
+  ChildOptions o;
+  o.executable = require_env("IDEMGATE_BINARY_DIR") + "/gateway/idemgate";
+  o.args = {"keys"};
+  o.args.insert(o.args.end(), args.begin(), args.end());
+  o.args.insert(o.args.begin() + 2, {"--config", gateway.config_path()});
+  const std::string name = unique_name("keys");
+  o.stdout_path = (gateway.dir() / (name + ".out")).string();
+  o.stderr_path = (gateway.dir() / (name + ".err")).string();
+  ChildProcess child(o);
+  CliResult result;
+  const auto status =
+      child.wait_for(std::chrono::duration_cast<std::chrono::milliseconds>(e2e::kEventDeadline));
+  result.status = status ? *status : child.stop();
+  result.out = read_text_file(o.stdout_path);
+  result.err = read_text_file(o.stderr_path);
+  return result;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C30_healthz_and_readyz_answer_200_while_the_stores_answer) {
+  TestUpstream upstream;
+  OpsGateway gateway(config_for(upstream, {route("all", "/", "off")}).render());
+
+  const auto health = gateway.admin_get("/healthz");
+  BOOST_TEST(health.status == 200u, e2e::describe(health));
+  const auto ready = gateway.admin_get("/readyz");
+  BOOST_TEST(ready.status == 200u, e2e::describe(ready));
+  BOOST_TEST(ready.body.find("\"ready\"") != std::string::npos, ready.body);
+  BOOST_TEST(gateway.admin_get("/nothing").status == 404u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C31_metrics_count_the_outcomes_of_a_scripted_run) {
+  TestUpstream upstream;
+  OpsGateway gateway(
+      config_for(upstream, {route("pay", "/pay", "required"), route("open", "/", "off")}).render());
+  const std::string key1 = unique_name("metrics");
+  const std::string key2 = unique_name("metrics");
+  const std::string key3 = unique_name("metrics");
+
+  for (const auto& key : {key1, key2, key3}) {
+    const auto res = gateway.send(keyed_post("/pay/charge", key, R"({"amount":1})"));
+    BOOST_TEST(res.status == 201u, e2e::describe(res));
+  }
+  for (int i = 0; i < 2; ++i) {
+    const auto res = gateway.send(keyed_post("/pay/charge", key1, R"({"amount":1})"));
+    BOOST_TEST(res.header("Idempotent-Replayed").value_or("") == "true", e2e::describe(res));
+  }
+  BOOST_TEST(is_problem(gateway.send(keyed_post("/pay/charge", key1, R"({"amount":2})")), 422));
+  BOOST_TEST(is_problem(gateway.send(keyed_post("/pay/charge", std::nullopt, "{}")), 400));
+  BOOST_TEST(gateway.send({"GET", "/status", {}, ""}).status == 201u);
+
+  // A request held at the upstream holds its lock, and its connection is open.
+  upstream.on("/pay/slow", {held()});
+  const std::string slow_key = unique_name("metrics");
+  HttpResponse slow;
+  std::thread client(
+      [&] { slow = gateway.send(keyed_post("/pay/slow", slow_key, R"({"amount":3})")); });
+  BOOST_TEST_REQUIRE(upstream.wait_for("/pay/slow", 1));
+  const std::string during = gateway.admin_get("/metrics").body;
+  upstream.release();
+  client.join();
+  BOOST_TEST(slow.status == 201u, e2e::describe(slow));
+  BOOST_TEST(metric(during, "idemgate_in_flight_locks") == 1);
+  BOOST_TEST(metric(during, "idemgate_open_connections") >= 1);
+
+  const auto res = gateway.admin_get("/metrics");
+  BOOST_TEST(res.status == 200u);
+  BOOST_TEST(res.header("Content-Type").value_or("").find("text/plain") == 0u);
+  const std::string& text = res.body;
+  using Labels = std::map<std::string, std::string>;
+  const std::string requests = "idemgate_requests_total";
+  BOOST_TEST(metric(text, requests, Labels{{"route", "pay"}, {"outcome", "executed"}}) == 4);
+  BOOST_TEST(metric(text, requests, Labels{{"route", "pay"}, {"outcome", "replayed"}}) == 2);
+  BOOST_TEST(metric(text, requests, Labels{{"route", "pay"}, {"outcome", "mismatch"}}) == 1);
+  BOOST_TEST(metric(text, requests, Labels{{"route", "pay"}, {"outcome", "missing_key"}}) == 1);
+  BOOST_TEST(metric(text, requests, Labels{{"route", "open"}, {"outcome", "passthrough"}}) == 1);
+  BOOST_TEST(!metric_value(text, requests, Labels{{"outcome", "in_flight"}}).has_value());
+
+  // Histograms: one upstream exchange per execution, one record insert per execution.
+  BOOST_TEST(metric(text, "idemgate_upstream_duration_seconds_count", Labels{{"route", "pay"}}) ==
+             4);
+  BOOST_TEST(metric(text, "idemgate_upstream_duration_seconds_count", Labels{{"route", "open"}}) ==
+             1);
+  BOOST_TEST(metric(text, "idemgate_store_duration_seconds_count",
+                    Labels{{"store", "postgres"}, {"op", "insert"}}) == 4);
+  BOOST_TEST(metric(text, "idemgate_store_duration_seconds_count",
+                    Labels{{"store", "postgres"}, {"op", "find"}}) >= 7);
+  BOOST_TEST(metric(text, "idemgate_store_duration_seconds_count",
+                    Labels{{"store", "redis"}, {"op", "try_acquire"}}) == 4);
+  BOOST_TEST(metric(text, "idemgate_store_duration_seconds_bucket",
+                    Labels{{"store", "redis"}, {"op", "try_acquire"}, {"le", "+Inf"}}) == 4);
+
+  BOOST_TEST(metric(text, "idemgate_lock_contention_total") == 0);
+  BOOST_TEST(metric(text, "idemgate_duplicate_executions_total") == 0);
+  BOOST_TEST(metric(text, "idemgate_record_commit_failures_total") == 0);
+  BOOST_TEST(metric(text, "idemgate_cleanup_deleted_total") == 0);
+  BOOST_TEST(metric(text, "idemgate_in_flight_locks") == 0);
+  BOOST_TEST(upstream.count("/pay/charge") == 3u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C31_lock_contention_is_counted_when_a_duplicate_arrives_in_flight) {
+  TestUpstream upstream;
+  upstream.on("/pay/slow", {held()});
+  OpsGateway gateway(config_for(upstream, {route("pay", "/pay", "required")}).render());
+  const std::string key = unique_name("contention");
+  HttpResponse first;
+  std::thread client([&] { first = gateway.send(keyed_post("/pay/slow", key, "{}")); });
+  BOOST_TEST_REQUIRE(upstream.wait_for("/pay/slow", 1));
+  BOOST_TEST(is_problem(gateway.send(keyed_post("/pay/slow", key, "{}")), 409));
+  upstream.release();
+  client.join();
+  BOOST_TEST(first.status == 201u, e2e::describe(first));
+  const std::string text = gateway.admin_get("/metrics").body;
+  BOOST_TEST(metric(text, "idemgate_lock_contention_total") == 1);
+  BOOST_TEST(
+      metric(text, "idemgate_requests_total", {{"route", "pay"}, {"outcome", "in_flight"}}) == 1);
+}
+
+BOOST_AUTO_TEST_CASE(sighup_applies_a_valid_file_to_new_requests_while_in_flight_ones_finish) {
+  TestUpstream upstream;
+  upstream.on("/r/slow", {held()});
+  OpsGateway gateway(config_for(upstream, {route("r", "/r", "off")}).render());
+
+  // In flight under the first configuration: forwarded without a key.
+  HttpResponse in_flight;
+  std::thread client([&] { in_flight = gateway.send(keyed_post("/r/slow", std::nullopt, "{}")); });
+  BOOST_TEST_REQUIRE(upstream.wait_for("/r/slow", 1));
+
+  gateway.write_config(config_for(upstream, {route("r", "/r", "required")}).render());
+  gateway.signal(SIGHUP);
+  BOOST_TEST_REQUIRE(gateway.wait_for_log("configuration reloaded"));
+
+  // New requests run on the new configuration: a key is now required (C10).
+  BOOST_TEST(is_problem(gateway.send(keyed_post("/r/new", std::nullopt, "{}")), 400));
+  BOOST_TEST(upstream.count("/r/new") == 0u);
+
+  upstream.release();
+  client.join();
+  BOOST_TEST(in_flight.status == 201u, e2e::describe(in_flight));
+}
+
+BOOST_AUTO_TEST_CASE(sighup_with_an_invalid_file_is_logged_and_the_running_config_kept) {
+  TestUpstream upstream;
+  OpsGateway gateway(config_for(upstream, {route("r", "/r", "off")}).render());
+  gateway.write_config("listen: { address: 127.0.0.1, port: 0 }\nroutes: [\n");
+  gateway.signal(SIGHUP);
+  BOOST_TEST_REQUIRE(gateway.wait_for_log("reload rejected; keeping the running configuration"));
+  BOOST_TEST(gateway.running());
+  const auto res = gateway.send(keyed_post("/r/still", std::nullopt, "{}"));
+  BOOST_TEST(res.status == 201u, e2e::describe(res));
+  BOOST_TEST(upstream.count("/r/still") == 1u);
+  BOOST_TEST(gateway.log_count("configuration reloaded") == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(sigterm_drains_a_request_in_flight_stores_its_record_frees_its_lock_exit_0) {
+  TestUpstream upstream;
+  upstream.on("/pay/drain", {held()});
+  OpsGateway gateway(config_for(upstream, {route("pay", "/pay", "required")}).render());
+  const std::string key = unique_name("drain");
+
+  HttpResponse in_flight;
+  std::thread client([&] { in_flight = gateway.send(keyed_post("/pay/drain", key, "{}")); });
+  BOOST_TEST_REQUIRE(upstream.wait_for("/pay/drain", 1));
+  gateway.signal(SIGTERM);
+  BOOST_TEST_REQUIRE(gateway.wait_for_log("stopping"));
+  upstream.release();
+  client.join();
+
+  BOOST_TEST(in_flight.status == 201u, e2e::describe(in_flight));
+  BOOST_TEST(in_flight.header("Connection").value_or("") == "close");
+  const auto status = gateway.wait_exit();
+  BOOST_TEST_REQUIRE(status.has_value());
+  BOOST_TEST(*status == 0);
+
+  const std::string id = e2e::record_id_hex("pay", key);
+  e2e::Database db(require_env("IDEMGATE_PG_DSN"));
+  BOOST_TEST(db.scalar("SELECT status FROM idempotency_record WHERE id = decode($1, 'hex')",
+                       {id}) == "201");
+  e2e::RedisClient redis;
+  BOOST_TEST(!redis.exists(e2e::lock_key(id)));
+}
+
+BOOST_AUTO_TEST_CASE(keys_show_prints_the_record_and_purge_deletes_it_so_a_retry_executes) {
+  TestUpstream upstream;
+  OpsGateway gateway(
+      config_for(upstream, {route("pay", "/pay", "required", {"Authorization"})}).render());
+  const std::string key = unique_name("cli");
+  const auto first = gateway.send(
+      keyed_post("/pay/charge", key, R"({"amount":5})", {{"Authorization", "Bearer alice"}}));
+  BOOST_TEST_REQUIRE(first.status == 201u, e2e::describe(first));
+  const std::string id = e2e::record_id_hex("pay", key, {{"Authorization", {"Bearer alice"}}});
+
+  const auto shown = run_keys(gateway, {"show", "--route", "pay", "--scope-header",
+                                        "Authorization: Bearer alice", "\"" + key + "\""});
+  BOOST_TEST(shown.status == 0, shown.err);
+  BOOST_TEST(shown.out.find("id " + id + "\n") != std::string::npos, shown.out);
+  BOOST_TEST(shown.out.find("status 201\n") != std::string::npos, shown.out);
+  BOOST_TEST(
+      shown.out.find("body_size " + std::to_string(first.body.size()) + "\n") != std::string::npos,
+      shown.out);
+  BOOST_TEST(shown.out.find("body_omitted false\n") != std::string::npos, shown.out);
+  BOOST_TEST(shown.out.find("lock free\n") != std::string::npos, shown.out);
+  BOOST_TEST(shown.out.find("fingerprint ") != std::string::npos, shown.out);
+  BOOST_TEST(shown.out.find("expires ") != std::string::npos, shown.out);
+
+  // Another client's scope holds no record under the same key (C20).
+  const auto other = run_keys(
+      gateway, {"show", "--route", "pay", "--scope-header", "Authorization: Bearer bob", key});
+  BOOST_TEST(other.status == 1);
+  BOOST_TEST(other.out == "not found\n");
+
+  const auto purged = run_keys(
+      gateway, {"purge", "--route", "pay", "--scope-header", "Authorization: Bearer alice", key});
+  BOOST_TEST(purged.status == 0, purged.err);
+  BOOST_TEST(purged.out.find("deleted record " + id) != std::string::npos, purged.out);
+  const auto gone = run_keys(
+      gateway, {"show", "--route", "pay", "--scope-header", "Authorization: Bearer alice", key});
+  BOOST_TEST(gone.status == 1);
+
+  const auto again = gateway.send(
+      keyed_post("/pay/charge", key, R"({"amount":5})", {{"Authorization", "Bearer alice"}}));
+  BOOST_TEST(again.status == 201u, e2e::describe(again));
+  BOOST_TEST(!again.header("Idempotent-Replayed").has_value());
+  BOOST_TEST(upstream.count("/pay/charge") == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(keys_purge_frees_a_lock_left_by_an_unknown_outcome) {
+  TestUpstream upstream;
+  upstream.on("/pay/reset", {reset(), UpstreamReply{}});
+  OpsGateway gateway(config_for(upstream, {route("pay", "/pay", "required")}).render());
+  const std::string key = unique_name("cli-lock");
+  // C22 hold: the lock stays until lock_ttl (30 s), so a retry gets 409 ...
+  BOOST_TEST(is_problem(gateway.send(keyed_post("/pay/reset", key, "{}")), 502));
+  BOOST_TEST(is_problem(gateway.send(keyed_post("/pay/reset", key, "{}")), 409));
+  // ... until an operator purges the key.
+  const auto purged = run_keys(gateway, {"purge", "--route", "pay", key});
+  BOOST_TEST(purged.status == 0, purged.err);
+  BOOST_TEST(purged.out.find("deleted lock ") != std::string::npos, purged.out);
+  const auto retry = gateway.send(keyed_post("/pay/reset", key, "{}"));
+  BOOST_TEST(retry.status == 201u, e2e::describe(retry));
+}
+
+BOOST_AUTO_TEST_CASE(keys_rejects_an_unknown_route_with_status_2) {
+  TestUpstream upstream;
+  OpsGateway gateway(config_for(upstream, {route("pay", "/pay", "required")}).render());
+  const auto res = run_keys(gateway, {"show", "--route", "nope", "k"});
+  BOOST_TEST(res.status == 2);
+  BOOST_TEST(res.err.find("no route named 'nope'") != std::string::npos, res.err);
+}
+
+}  // namespace idemgate::test::ops

@@ -1,0 +1,63 @@
+// /readyz follows the stores (SPEC C30): 503 naming Redis while it is down, 200 again once it is
+// back, without a gateway restart. Runs on stores of its own (scripts/local-stores), so stopping
+// Redis here disturbs no other suite; this executable points the fixture's variables at them.
+#define BOOST_TEST_MODULE ops_readiness_e2e
+#include <stdlib.h>
+
+#include <boost/test/unit_test.hpp>
+#include <thread>
+
+#include "tests/ops/ops_support.hpp"
+
+namespace idemgate::test::ops {
+namespace {
+
+// Readiness has no push notification: ask until it says `status` (or the deadline passes).
+HttpResponse wait_for_readiness(const OpsGateway& gateway, unsigned status) {
+  const auto deadline = std::chrono::steady_clock::now() + e2e::kEventDeadline;
+  for (;;) {
+    auto res = gateway.admin_get("/readyz");
+    if (res.status == status || std::chrono::steady_clock::now() > deadline) return res;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C30_readyz_is_503_naming_redis_while_it_is_down_and_200_once_back) {
+  PrivateStores stores;
+  ::setenv("IDEMGATE_PG_DSN", stores.pg_dsn().c_str(), 1);
+  ::setenv("IDEMGATE_PAYMENTS_DSN", stores.payments_dsn().c_str(), 1);
+  ::setenv("IDEMGATE_REDIS_ADDR", stores.redis_address().c_str(), 1);
+
+  e2e::TestUpstream upstream;
+  e2e::GatewayConfig config;
+  config.upstreams = {e2e::UpstreamConfig{"up", {upstream.address()}}};
+  e2e::RouteConfig route;
+  route.name = "pay";
+  route.path_prefix = "/";
+  route.upstream = "up";
+  route.mode = "required";
+  config.routes = {route};
+  OpsGateway gateway(config.render());
+
+  const auto up = gateway.admin_get("/readyz");
+  BOOST_TEST(up.status == 200u, e2e::describe(up));
+
+  stores.stop_redis();
+  const auto down = wait_for_readiness(gateway, 503);
+  BOOST_TEST(down.status == 503u, e2e::describe(down));
+  BOOST_TEST(down.body.find(R"("failing":["redis"])") != std::string::npos, down.body);
+  BOOST_TEST(down.header("Content-Type").value_or("") == "application/json");
+  BOOST_TEST(gateway.admin_get("/healthz").status == 200u);
+  // The request path agrees: a keyed request cannot be protected now (C25).
+  BOOST_TEST(
+      e2e::is_problem(gateway.send(e2e::keyed_post("/pay", e2e::unique_name("ready"), "{}")), 503));
+
+  stores.start_redis();
+  const auto back = wait_for_readiness(gateway, 200);
+  BOOST_TEST(back.status == 200u, e2e::describe(back));
+  BOOST_TEST(back.body.find(R"("redis":"ok")") != std::string::npos, back.body);
+}
+
+}  // namespace idemgate::test::ops
