@@ -2,11 +2,12 @@
 // the S2 lever measured without HTTP, side by side with pgbench's single-row insert.
 //
 //   store_insert_bench --dsn DSN --threads T --concurrency C --seconds S
-//                      [--group-commit [--max-in-flight K]]
+//                      [--pool N] [--group-commit [--max-in-flight K]]
 //
-// Each of T threads runs its own io_context, PgPool (C/T connections) and PgRecordStore, as the
-// gateway does; C coroutines in all insert fresh records (the gateway's record shape: a 201 with
-// Location and a small JSON body) back to back for S seconds. Prints one line:
+// Each of T threads runs its own io_context, PgPool (N connections, default C/T) and
+// PgRecordStore, as the gateway does; C coroutines in all insert fresh records (the gateway's
+// record shape: a 201 with Location and a small JSON body) back to back for S seconds. Prints one
+// line:
 //   inserts=N seconds=S tps=X p50_ms=… p99_ms=… batches=B rows=R errors=E
 #include <algorithm>
 #include <atomic>
@@ -87,13 +88,15 @@ int main(int argc, char** argv) {
   double seconds = 10;
   bool group_commit = false;
   std::size_t max_in_flight = 2;
+  std::size_t pool_size = 0;
   po::options_description options("store_insert_bench");
   options.add_options()("dsn", po::value(&dsn)->required(), "Postgres DSN")(
       "threads", po::value(&threads), "io threads")("concurrency", po::value(&concurrency),
                                                     "concurrent inserters, over all threads")(
       "seconds", po::value(&seconds), "duration")("group-commit", po::bool_switch(&group_commit),
                                                   "route inserts through PgBatchWriter")(
-      "max-in-flight", po::value(&max_in_flight), "batches out at once per thread");
+      "max-in-flight", po::value(&max_in_flight), "batches out at once per thread")(
+      "pool", po::value(&pool_size), "Postgres connections per thread (0: one per inserter)");
   try {
     po::variables_map vm;
     po::store(po::parse_command_line(argc, argv, options), vm);
@@ -122,7 +125,7 @@ int main(int argc, char** argv) {
       const int mine = concurrency / threads + (t < concurrency % threads ? 1 : 0);
       storage::pg::PgPool::Options pool_options;
       pool_options.dsn = dsn;
-      pool_options.max_connections = static_cast<std::size_t>(mine);
+      pool_options.max_connections = pool_size > 0 ? pool_size : static_cast<std::size_t>(mine);
       storage::pg::PgPool pool(io.get_executor(), pool_options);
       storage::pg::PgRecordStore::Options store_options;
       store_options.group_commit = group_commit;
