@@ -63,7 +63,7 @@ class ThreadHandler final : public http::RequestHandler {
  public:
   ThreadHandler(asio::io_context& io, const config::Config& config, Metrics& metrics)
       : pool_(io.get_executor(), pool_options(config)),
-        store_(pool_),
+        store_(pool_, io.get_executor(), storage::pg::PgRecordStore::with_group_commit()),
         timed_store_(store_, metrics),
         redis_(io.get_executor(), config.storage.redis),
         lock_(redis_),
