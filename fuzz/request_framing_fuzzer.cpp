@@ -1,0 +1,230 @@
+// Fuzz target for request framing and header processing (SPEC §3, C02, C03, C04; §4). The input
+// is what a client sends on one connection. It is parsed as the session parses it (Beast's
+// request_parser with the gateway's header and body limits, requests one after another on the
+// same bytes); every request that parses goes through what the session and the idempotency
+// handler do to it before any I/O: the Transfer-Encoding rule, route matching, hop-by-hop
+// stripping, forwarding fields, key parsing, scope, record id and fingerprint.
+
+#include <algorithm>
+#include <boost/asio/buffer.hpp>
+#include <boost/beast/core/buffers_to_string.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/string_body.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fuzz/check.hpp"
+#include "gateway/config/config_loader.hpp"
+#include "gateway/core/fingerprint.hpp"
+#include "gateway/core/idempotency_key.hpp"
+#include "gateway/http/headers.hpp"
+#include "gateway/http/router.hpp"
+#include "gateway/request_identity.hpp"
+
+namespace bhttp = boost::beast::http;
+namespace config = idemgate::config;
+namespace core = idemgate::core;
+namespace http = idemgate::http;
+using idemgate::fuzz::check;
+
+namespace {
+
+// Routes of every match kind and every key source; small limits so that the fuzzer reaches
+// them (431 and 413 paths) with short inputs.
+constexpr const char* kConfig = R"(
+listen: { port: 0 }
+limits: { max_request_body: 4KiB, max_header_bytes: 2KiB }
+storage:
+  postgres: { dsn: "postgresql://idem@127.0.0.1:5432/idem" }
+upstreams:
+  app: { servers: ["127.0.0.1:9001"] }
+routes:
+  - name: exact
+    match: { path: /payments/exact, host: api.example.com, methods: [POST, PUT] }
+    upstream: app
+    idempotency:
+      mode: required
+      methods: [POST, PUT]
+      key_scope: { headers: [Authorization, X-Tenant] }
+      fingerprint: { headers: [Content-Type, Content-Encoding, X-Amount] }
+  - name: saga
+    match: { path_prefix: /saga, host: "*.example.com" }
+    upstream: app
+    idempotency:
+      mode: required
+      key_source: { headers: [X-Saga-Id, X-Saga-Step] }
+  - name: events
+    match: { path_prefix: /events, methods: [POST] }
+    upstream: app
+    idempotency:
+      mode: optional
+      key_source: { json_pointer: /data/event~1id/0 }
+      fingerprint_body: json
+  - name: custom
+    match: { path_prefix: /custom }
+    upstream: app
+    idempotency:
+      mode: optional
+      key_source: { header: X-Request-Key }
+  - name: rest
+    match: { path_prefix: / }
+    upstream: app
+)";
+
+const config::Config& gateway_config() {
+  static const auto loaded = config::load_config_from_string(kConfig, "request_framing.yaml");
+  return *loaded;
+}
+
+// The hop-by-hop fields of SPEC C02 that never reach the other side.
+constexpr std::string_view kHopByHop[] = {
+    "Connection",          "Keep-Alive",         "Proxy-Connection", "TE", "Trailer", "Upgrade",
+    "Proxy-Authorization", "Proxy-Authenticate", "Transfer-Encoding"};
+
+core::KeyParse read_key(const config::Route& route, const bhttp::request<bhttp::string_body>& req) {
+  const auto& source = route.idempotency.key_source;
+  switch (source.kind) {
+    case config::KeySource::Kind::header: {
+      const auto values = idemgate::field_values(req, source.header);
+      return core::parse_key_field(source.header, values);
+    }
+    case config::KeySource::Kind::headers: {
+      std::vector<core::KeyParse> parts;
+      for (const auto& name : source.headers) {
+        const auto values = idemgate::field_values(req, name);
+        parts.push_back(core::parse_key_field(name, values));
+      }
+      return core::join_key_parts(source.headers, parts);
+    }
+    case config::KeySource::Kind::json_pointer:
+      return core::parse_json_pointer_key(req.body(), source.json_pointer);
+  }
+  return core::KeyParse::absent();
+}
+
+void check_canonical_json(std::string_view body) {
+  const auto canonical = core::canonical_json(body);
+  if (!canonical) return;
+  const auto again = core::canonical_json(*canonical);
+  check(again && *again == *canonical, "canonical JSON is a fixed point");
+}
+
+/// What the session does with a request that parsed, up to the handler (session.cpp serve_one).
+void process(bhttp::request<bhttp::string_body> req, const config::Config& cfg) {
+  const unsigned version = req.version();
+  const auto te = req.count(bhttp::field::transfer_encoding);
+  if (te > 0 && (!req.chunked() || version < 11)) return;  // 400 bad framing, connection closes
+
+  const std::string method(req.method_string());
+  const std::string target(req.target());
+  const std::string_view path = http::target_path(target);
+  const std::string host(req[bhttp::field::host]);
+  const config::Route* route = http::match(cfg, host, path, method);
+  // The catch-all `path_prefix: /` matches every origin-form path; `*` and authority-form do
+  // not start with '/' and get 404.
+  check((route != nullptr) == path.starts_with('/'), "the catch-all route matches every path");
+  if (route == nullptr) return;
+  if (!route->match.path.empty()) check(path == route->match.path, "exact path matched");
+  check(path.starts_with(route->match.path_prefix), "path prefix matched");
+  if (!route->match.methods.empty()) {
+    check(std::find(route->match.methods.begin(), route->match.methods.end(), method) !=
+              route->match.methods.end(),
+          "method matched");
+  }
+  const std::string_view name = http::host_without_port(host);
+  check(name.size() <= host.size(), "a host name is part of the Host value");
+  const std::string_view want = route->match.host;
+  if (want.starts_with("*.")) {
+    const std::string_view suffix = want.substr(1);
+    check(name.size() > suffix.size() &&
+              boost::beast::iequals(name.substr(name.size() - suffix.size()), suffix),
+          "wildcard host matched a subdomain");
+  } else if (!want.empty()) {
+    check(boost::beast::iequals(name, want), "host matched");
+  }
+
+  (void)http::keep_alive_timeout(req.base());
+  (void)http::has_token(req.base(), "Connection", "close");
+  const auto named = http::list_tokens(req.base(), "Connection");
+  const auto hosts = req.count(bhttp::field::host);
+  const bool framed = req.has_content_length() || req.chunked();
+
+  http::strip_hop_by_hop(req.base());
+  for (const auto field : kHopByHop) check(req.count(field) == 0, "hop-by-hop field stripped");
+  for (const auto& n : named) {
+    if (!boost::beast::iequals(n, "Host")) check(req.count(n) == 0, "Connection-named field gone");
+  }
+  check(req.count(bhttp::field::host) == hosts, "Host is never stripped");
+
+  req.erase(bhttp::field::expect);
+  req.erase("Idempotent-Replayed");
+  http::add_forwarding_fields(req.base(), "192.0.2.7", "http");
+  check(req["X-Forwarded-Proto"] == "http", "X-Forwarded-Proto set");
+  const auto xff = http::list_tokens(req.base(), "X-Forwarded-For");
+  check(!xff.empty() && xff.back() == "192.0.2.7", "client address appended to X-Forwarded-For");
+  const auto via = http::list_tokens(req.base(), "Via");
+  check(!via.empty() && via.back() == http::kViaEntry, "Via entry appended");
+  if (framed || !req.body().empty()) req.content_length(req.body().size());
+
+  const core::KeyParse key = read_key(*route, req);
+  const core::Sha256 scope = idemgate::request_scope(*route, req);
+  const auto fp_headers = idemgate::header_values(req, route->idempotency.fingerprint_headers);
+  const auto fp_bytes =
+      core::compute_fingerprint(method, target, fp_headers, req.body(), core::BodyMode::bytes);
+  const auto fp_json =
+      core::compute_fingerprint(method, target, fp_headers, req.body(), core::BodyMode::json);
+  if (!core::canonical_json(req.body())) check(fp_bytes == fp_json, "non-JSON falls back to bytes");
+  if (key.status == core::KeyParse::Status::valid) (void)core::record_id(scope, key.key);
+  check_canonical_json(req.body());
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const config::Config& cfg = gateway_config();
+  const auto header_limit = static_cast<std::uint32_t>(std::min<std::size_t>(
+      cfg.limits.max_header_bytes, std::numeric_limits<std::uint32_t>::max()));
+  std::string_view input(reinterpret_cast<const char*>(data), size);
+  // Requests one after another, as on a keep-alive connection, until the input ends or a
+  // request ends the connection (a parse error or a refused framing).
+  while (!input.empty()) {
+    // The session's probe: it decides when the whole header section is in (or already wrong).
+    bhttp::request_parser<bhttp::empty_body> probe;
+    probe.header_limit(header_limit);
+    boost::system::error_code pec;
+    probe.put(boost::asio::buffer(input.data(), input.size()), pec);
+    if (pec == bhttp::error::need_more) return 0;  // the client stopped mid-header
+
+    bhttp::request_parser<bhttp::string_body> parser;
+    parser.header_limit(header_limit);
+    parser.body_limit(static_cast<std::uint64_t>(cfg.limits.max_request_body));
+    parser.eager(true);
+    std::size_t used = 0;
+    boost::system::error_code ec;
+    while (!parser.is_done()) {
+      const std::size_t n =
+          parser.put(boost::asio::buffer(input.data() + used, input.size() - used), ec);
+      used += n;
+      if (ec == bhttp::error::need_more && used < input.size() && n > 0) {
+        ec = {};
+        continue;
+      }
+      if (ec == bhttp::error::need_more) parser.put_eof(ec);
+      break;
+    }
+    check(used <= input.size(), "the parser consumed no more than it was given");
+    if (ec || !parser.is_done()) return 0;  // 400/413/431 or EOF: the connection ends
+    const bool keep_alive = parser.get().keep_alive();
+    process(parser.release(), cfg);
+    if (!keep_alive || used == 0) return 0;
+    input.remove_prefix(used);
+  }
+  return 0;
+}

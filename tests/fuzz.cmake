@@ -1,0 +1,22 @@
+# The fuzz targets of fuzz/ without libFuzzer: each runs over its seed corpus and the inputs of
+# past crashes (fuzz/regressions/<name>/) under the build's own compiler and sanitizers, so a
+# regression fails ctest. The fuzzing itself is the fuzz preset's job (scripts/test).
+function(idemgate_fuzz_replay name)
+  cmake_parse_arguments(R "" "" "SOURCES;LIBS" ${ARGN})
+  set(exe fuzz_${name}_replay)
+  add_executable(${exe} ${PROJECT_SOURCE_DIR}/fuzz/${name}_fuzzer.cpp
+                 ${PROJECT_SOURCE_DIR}/fuzz/replay_main.cpp ${R_SOURCES})
+  target_link_libraries(${exe} PRIVATE ${R_LIBS})
+  set(inputs ${PROJECT_SOURCE_DIR}/fuzz/corpus/${name})
+  if(EXISTS ${PROJECT_SOURCE_DIR}/fuzz/regressions/${name})
+    list(APPEND inputs ${PROJECT_SOURCE_DIR}/fuzz/regressions/${name})
+  endif()
+  add_test(NAME fuzz_${name}_corpus_test COMMAND ${exe} ${inputs})
+  set_tests_properties(fuzz_${name}_corpus_test PROPERTIES LABELS unit TIMEOUT 300)
+endfunction()
+
+idemgate_fuzz_replay(key_parser LIBS idemgate_core)
+idemgate_fuzz_replay(config_loader LIBS idemgate_config)
+idemgate_fuzz_replay(request_framing
+  SOURCES ${PROJECT_SOURCE_DIR}/gateway/request_identity.cpp
+  LIBS idemgate_http)
