@@ -206,18 +206,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     parser.header_limit(header_limit);
     parser.body_limit(static_cast<std::uint64_t>(cfg.limits.max_request_body));
     parser.eager(true);
+    // As beast::http::read does: after need_more the parser gets more bytes, never the same
+    // ones again (Beast asserts on that in parse_chunk_header); here all bytes are in, so
+    // need_more means the client closed.
     std::size_t used = 0;
     boost::system::error_code ec;
-    while (!parser.is_done()) {
+    for (;;) {
       const std::size_t n =
           parser.put(boost::asio::buffer(input.data() + used, input.size() - used), ec);
       used += n;
-      if (ec == bhttp::error::need_more && used < input.size() && n > 0) {
-        ec = {};
-        continue;
+      if (ec == bhttp::error::need_more || (!ec && !parser.is_done() && n == 0)) {
+        parser.put_eof(ec);
+        break;
       }
-      if (ec == bhttp::error::need_more) parser.put_eof(ec);
-      break;
+      if (ec || parser.is_done()) break;
     }
     check(used <= input.size(), "the parser consumed no more than it was given");
     if (ec || !parser.is_done()) return 0;  // 400/413/431 or EOF: the connection ends

@@ -3,7 +3,7 @@
 # regression fails ctest. The fuzzing itself is the fuzz preset's job (scripts/test).
 function(idemgate_fuzz_replay name)
   cmake_parse_arguments(R "" "" "SOURCES;LIBS" ${ARGN})
-  set(exe fuzz_${name}_replay)
+  set(exe fuzz_${name}_corpus_test)
   add_executable(${exe} ${PROJECT_SOURCE_DIR}/fuzz/${name}_fuzzer.cpp
                  ${PROJECT_SOURCE_DIR}/fuzz/replay_main.cpp ${R_SOURCES})
   target_link_libraries(${exe} PRIVATE ${R_LIBS})
@@ -11,8 +11,8 @@ function(idemgate_fuzz_replay name)
   if(EXISTS ${PROJECT_SOURCE_DIR}/fuzz/regressions/${name})
     list(APPEND inputs ${PROJECT_SOURCE_DIR}/fuzz/regressions/${name})
   endif()
-  add_test(NAME fuzz_${name}_corpus_test COMMAND ${exe} ${inputs})
-  set_tests_properties(fuzz_${name}_corpus_test PROPERTIES LABELS unit TIMEOUT 300)
+  add_test(NAME ${exe} COMMAND ${exe} ${inputs})
+  set_tests_properties(${exe} PROPERTIES LABELS unit TIMEOUT 300)
 endfunction()
 
 idemgate_fuzz_replay(key_parser LIBS idemgate_core)
@@ -20,3 +20,8 @@ idemgate_fuzz_replay(config_loader LIBS idemgate_config)
 idemgate_fuzz_replay(request_framing
   SOURCES ${PROJECT_SOURCE_DIR}/gateway/request_identity.cpp
   LIBS idemgate_http)
+
+# Each crash or hang the fuzzers found, as a unit test of the behaviour that replaced it.
+idemgate_test(fuzz_regression_test unit
+  SOURCES ../fuzz/fuzz_regression_test.cpp
+  LIBS idemgate_config)

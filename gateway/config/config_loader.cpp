@@ -1,5 +1,6 @@
 #include "gateway/config/config_loader.hpp"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -28,6 +29,37 @@ ConfigError::ConfigError(std::string file, int line, std::string key, std::strin
       problem_(std::move(problem)) {}
 
 namespace {
+
+/// Parser events that only note where the root node of a stream's second document starts.
+class DocumentCounter final : public YAML::EventHandler {
+ public:
+  std::optional<YAML::Mark> second_start() const { return second_; }
+  void OnDocumentStart(const YAML::Mark&) override { ++documents_; }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    node(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    node(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    node(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void node(const YAML::Mark& mark) {
+    if (documents_ == 2 && !second_) second_ = mark;
+  }
+  int documents_ = 0;
+  std::optional<YAML::Mark> second_;
+};
 
 using namespace std::chrono_literals;
 
@@ -419,9 +451,19 @@ std::string Loader::ip_address(const Field& f) const {
 }
 
 std::shared_ptr<Config> Loader::load(const std::string& text) {
+  // Not YAML::LoadAll: yaml-cpp 0.7 yields empty documents without end, allocating for each,
+  // when a ',' stands where a document's root node should start (`{listen: …},`, a lone `,`).
+  // The first document is loaded; the stream is only parsed far enough to see a second one.
   std::vector<YAML::Node> docs;
+  std::optional<YAML::Mark> second;
   try {
-    docs = YAML::LoadAll(text);
+    docs.push_back(YAML::Load(text));
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    DocumentCounter counter;
+    if (parser.HandleNextDocument(counter) && parser.HandleNextDocument(counter)) {
+      second = counter.second_start();
+    }
   } catch (const YAML::Exception& e) {
     fail(e.mark.is_null() ? 1 : e.mark.line + 1, "(syntax)", e.msg);
   }
@@ -429,7 +471,7 @@ std::shared_ptr<Config> Loader::load(const std::string& text) {
     fail(1, "",
          "the document is empty; expected a mapping with listen, storage, upstreams, routes");
   }
-  if (docs.size() > 1) fail(docs[1].Mark().line + 1, "", "expected one YAML document, found more");
+  if (second) fail(second->line + 1, "", "expected one YAML document, found more");
 
   config_ = std::make_shared<Config>();
   config_->source_file = file_;
