@@ -7,6 +7,7 @@
 #include <boost/test/unit_test.hpp>
 #include <fstream>
 #include <future>
+#include <sstream>
 
 #include "tests/contract/contract_support.hpp"
 
@@ -542,6 +543,36 @@ BOOST_AUTO_TEST_CASE(spec_C35_json_fingerprint_ignores_key_order_and_space_bytes
   BOOST_TEST(is_problem(gateway.send(keyed_post("/bytes", key, spaced)), 422));
   BOOST_TEST(replayed(gateway.send(keyed_post("/bytes", key, compact))));
   BOOST_TEST(upstream.count("/bytes") == 1u);
+}
+
+// -------------------------------------------------------------------------------------------
+// C27 Framing does not change the fingerprint
+
+BOOST_AUTO_TEST_CASE(spec_C27_content_length_and_chunked_bodies_have_the_same_fingerprint) {
+  TestUpstream upstream;
+  GatewayConfig config;
+  config.upstreams = {{"up", {upstream.address()}}};
+  config.routes = {route("framing", "/framing", "up", "required", {})};
+  Gateway gateway(config);
+
+  // The client sends a body given with `Transfer-Encoding: chunked` as chunks (Beast's
+  // serializer); the gateway must hash the decoded bytes, whatever the framing.
+  const std::string body = R"({"amount":"10.50","currency":"EUR"})";
+  const HeaderList chunked = {{"Transfer-Encoding", "chunked"}};
+
+  const std::string key = unique_name("c27");
+  const HttpResponse first = gateway.send(keyed_post("/framing", key, body));
+  BOOST_TEST_REQUIRE(first.status == 201u, gateway.explain(first));
+
+  const HttpResponse again = gateway.send(keyed_post("/framing", key, body, chunked));
+  BOOST_TEST(again.status == 201u, describe(again));
+  BOOST_TEST(replayed(again), describe(again));
+  BOOST_TEST(again.body == first.body);
+  BOOST_TEST(upstream.count("/framing") == 1u);
+
+  // Different bytes under chunked framing are still a different request.
+  BOOST_TEST(is_problem(gateway.send(keyed_post("/framing", key, "other", chunked)), 422));
+  BOOST_TEST(upstream.count("/framing") == 1u);
 }
 
 // -------------------------------------------------------------------------------------------
