@@ -136,6 +136,10 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::pass_through(http::Exch
   result.outcome = fwd.kind == http::ForwardResult::Kind::response ? outcome : "upstream_error";
   result.upstream_time = fwd.upstream_time;
   result.response = http::forward_result_response(std::move(fwd));
+  // Gateway-owned fields never come from an upstream, on pass-through routes either (C16).
+  result.response.erase(kReplayedField);
+  result.response.erase(kBodyOmittedField);
+  result.response.erase(kStatusField);
   co_return result;
 }
 

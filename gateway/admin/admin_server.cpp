@@ -3,6 +3,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/read.hpp>
@@ -148,6 +149,9 @@ asio::awaitable<void> accept_loop(tcp::acceptor* acceptor, Stores stores,
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor->is_open()) co_return;
       log_json(spdlog::level::warn, "admin accept failed", {{"error", ec.message()}});
+      // Out of descriptors (EMFILE) fails again at once: back off instead of spinning.
+      asio::steady_timer pause(acceptor->get_executor(), std::chrono::milliseconds(50));
+      co_await pause.async_wait(use_nothrow);
       continue;
     }
     asio::co_spawn(acceptor->get_executor(), serve(std::move(socket), stores, metrics_text),

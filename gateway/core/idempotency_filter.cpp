@@ -198,12 +198,22 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
         if (e) std::rethrow_exception(e);
       });
 
+  // Renewal ends with the upstream call, also when forward() throws.
+  struct StopRenewal {
+    Renewal& r;
+    ~StopRenewal() {
+      r.done = true;
+      r.timer.cancel();
+    }
+  };
   const auto started = std::chrono::steady_clock::now();
-  UpstreamReply reply = co_await forward();
+  UpstreamReply reply;
+  {
+    StopRenewal stop{*renewal};
+    reply = co_await forward();
+  }
   const auto upstream_time = std::chrono::duration_cast<std::chrono::microseconds>(
       std::chrono::steady_clock::now() - started);
-  renewal->done = true;
-  renewal->timer.cancel();
 
   FilterResult result;
   result.upstream_time = upstream_time;

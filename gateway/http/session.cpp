@@ -16,6 +16,7 @@
 #include <boost/beast/http/write.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
 #include <boost/json/object.hpp>
+#include <boost/url/parse.hpp>
 #include <cstdint>
 #include <exception>
 #include <limits>
@@ -53,6 +54,8 @@ bool status_has_body(unsigned status) {
 std::optional<Problem> problem_for(const boost::system::error_code& ec) {
   if (ec == bhttp::error::header_limit) return Problem::headers_too_large;
   if (ec == bhttp::error::body_limit) return Problem::payload_too_large;
+  if (ec == bhttp::error::buffer_overflow)
+    return Problem::headers_too_large;  // trailers, chunk ext
   if (ec == bhttp::error::bad_content_length || ec == bhttp::error::multiple_content_length ||
       ec == bhttp::error::bad_transfer_encoding) {
     return Problem::bad_framing;
@@ -180,7 +183,9 @@ void BasicSession<Stream>::close() {
 
 template <class Stream>
 asio::awaitable<void> BasicSession<Stream>::run() {
-  beast::flat_buffer buffer;
+  // Bounded: chunk extensions and trailer fields must fit in it along with the header section
+  // (Beast holds a whole chunk-size line or trailer section in the buffer before parsing it).
+  beast::flat_buffer buffer{context_->config()->limits.max_header_bytes + 4 * kReadChunk};
   bool first = true;
   if constexpr (kTls) {
     lowest().expires_after(context_->config()->limits.header_read_timeout);
@@ -294,6 +299,41 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
     if (te > 0 && (!parser.chunked() || version < 11)) {
       reject = Problem::bad_framing;
       reject_detail = "Transfer-Encoding must end with chunked on an HTTP/1.1 request";
+    } else if (te > 0) {
+      // Any coding before chunked (gzip, chunked) would reach the upstream still coded but
+      // without its Transfer-Encoding, and be fingerprinted coded: refuse it (RFC 9112 §6.1).
+      const auto codings = list_tokens(parser.get().base(), "Transfer-Encoding");
+      if (codings.size() != 1) {
+        reject = Problem::bad_framing;
+        reject_detail = "only the chunked transfer coding is supported, alone";
+      }
+    }
+    // RFC 9112 §3.2: exactly one Host on HTTP/1.1, never two; otherwise the gateway and the
+    // upstream could each route by a different one.
+    const auto hosts = parser.get().count(bhttp::field::host);
+    if (!reject && (hosts > 1 || (hosts == 0 && version >= 11))) {
+      reject = Problem::bad_request;
+      reject_detail = hosts > 1 ? "the request has more than one Host field"
+                                : "an HTTP/1.1 request must carry a Host field";
+    }
+    if (!reject) {
+      // RFC 9112 §3.2.2: with an absolute-form target the authority in the target wins over
+      // Host; route and forward by it, in origin-form.
+      auto& req = parser.get();
+      const std::string_view target(req.target().data(), req.target().size());
+      if (!target.empty() && target.front() != '/' && target != "*") {
+        auto url = boost::urls::parse_absolute_uri(target);
+        if (!url || !url->has_authority() || url->encoded_host().empty()) {
+          reject = Problem::bad_request;
+          reject_detail = "the request target is neither origin-form nor a valid absolute URI";
+        } else {
+          std::string origin(url->encoded_path());
+          if (origin.empty()) origin = "/";
+          if (url->has_query()) origin += "?" + std::string(url->encoded_query());
+          req.set(bhttp::field::host, std::string(url->encoded_authority()));
+          req.target(origin);
+        }
+      }
     }
   }
 

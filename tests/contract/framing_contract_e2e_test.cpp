@@ -165,4 +165,56 @@ BOOST_AUTO_TEST_CASE(spec_C03_a_request_in_a_body_stays_body_and_pipelining_forw
   BOOST_TEST(upstream.received("/chunked").front().body == kSmuggled);
 }
 
+BOOST_AUTO_TEST_CASE(spec_C04_oversized_trailers_and_chunk_extensions_are_refused_and_close) {
+  // Beast holds a whole chunk-size line or trailer section in memory before parsing it: both
+  // must stay within the header limits, or one client could grow the gateway without bound.
+  std::string trailers;
+  for (int i = 0; i < 20000; ++i) trailers += "T: xxxxx\r\n";
+  expect_rejected_and_closed("trailers",
+                             "POST /t HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: "
+                             "chunked\r\n\r\n1\r\na\r\n0\r\n" +
+                                 trailers + "\r\n",
+                             {431, 400});
+  expect_rejected_and_closed("chunk extension",
+                             "POST /t HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: "
+                             "chunked\r\n\r\n1;" +
+                                 std::string(200000, 'e') + "\r\na\r\n0\r\n\r\n",
+                             {431, 400});
+  BOOST_TEST(upstream.count("/t") == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C03_transfer_codings_other_than_chunked_are_refused) {
+  // "gzip, chunked" would reach the upstream still gzip-coded but without saying so.
+  expect_rejected_and_closed("gzip, chunked",
+                             "POST /gz HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: gzip, "
+                             "chunked\r\n\r\n1\r\na\r\n0\r\n\r\n");
+  expect_rejected_and_closed("two fields",
+                             "POST /gz HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: "
+                             "gzip\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\n\r\n");
+  BOOST_TEST(upstream.count("/gz") == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C01_host_must_be_single_and_present_on_http_1_1) {
+  expect_rejected_and_closed("two Host fields",
+                             "POST /h HTTP/1.1\r\nHost: other\r\nHost: gateway.test\r\n"
+                             "Content-Length: 0\r\n\r\n");
+  expect_rejected_and_closed("no Host", "POST /h HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
+  BOOST_TEST(upstream.count("/h") == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(absolute_form_targets_are_routed_and_forwarded_by_their_authority) {
+  // RFC 9112 §3.2.2: the target's authority wins over Host.
+  const RawExchange got =
+      raw_exchange(gateway.port(),
+                   "POST http://gateway.test/abs?x=1 HTTP/1.1\r\nHost: other\r\nContent-Length: "
+                   "0\r\nConnection: close\r\n\r\n");
+  BOOST_TEST_REQUIRE(got.responses.size() == 1u);
+  BOOST_TEST(got.responses.front().status == 201u, describe(got.responses.front()));
+  BOOST_TEST_REQUIRE(upstream.count("/abs") == 1u);
+  const auto seen = upstream.received("/abs").front();
+  BOOST_TEST(seen.target == "/abs?x=1");
+  BOOST_TEST(seen.values("Host").size() == 1u);
+  BOOST_TEST(seen.value("Host").value_or("") == "gateway.test");
+}
+
 BOOST_AUTO_TEST_SUITE_END()
