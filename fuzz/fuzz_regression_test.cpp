@@ -5,8 +5,10 @@
 #include <string>
 
 #include "gateway/config/config_loader.hpp"
+#include "gateway/core/fingerprint.hpp"
 
 namespace config = idemgate::config;
+namespace core = idemgate::core;
 
 namespace {
 
@@ -40,4 +42,29 @@ BOOST_AUTO_TEST_CASE(config_still_refuses_a_second_document) {
     BOOST_TEST(e.line() == 3, e.what());
     BOOST_TEST(e.problem() == "expected one YAML document, found more");
   }
+}
+
+// The framing fuzzer's body `77777777500000000000000000001459`: through double it became
+// 7.77777775E31, then 7.777777749999999E31, and neighbouring integers shared one fingerprint.
+BOOST_AUTO_TEST_CASE(spec_C35_canonical_json_keeps_numbers_as_received) {
+  const auto big = core::canonical_json("77777777500000000000000000001459");
+  BOOST_TEST(big.value() == "77777777500000000000000000001459");
+  BOOST_TEST(core::canonical_json(*big).value() == *big);
+  BOOST_TEST(core::canonical_json(R"({"id":9007199254740993})").value() !=
+             core::canonical_json(R"({"id":9007199254740992})").value());
+  BOOST_TEST(core::canonical_json(R"({ "b" : 0.1, "a" : [1e2, -0] })").value() ==
+             R"({"a":[1e2,-0],"b":0.1})");
+  const core::HeaderValues none[] = {{"Content-Type", {}}};
+  BOOST_TEST(core::compute_fingerprint("POST", "/e", none, R"({"id":9007199254740993})",
+                                       core::BodyMode::json) !=
+             core::compute_fingerprint("POST", "/e", none, R"({"id":9007199254740992})",
+                                       core::BodyMode::json));
+}
+
+BOOST_AUTO_TEST_CASE(canonical_json_still_refuses_what_is_not_one_json_document) {
+  BOOST_TEST(!core::canonical_json(""));
+  BOOST_TEST(!core::canonical_json("{} {}"));
+  BOOST_TEST(!core::canonical_json("[1,]"));
+  BOOST_TEST(!core::canonical_json("{\"a\":1} x"));
+  BOOST_TEST(core::canonical_json(" {} ").value() == "{}");
 }

@@ -1,9 +1,12 @@
 #include "gateway/core/fingerprint.hpp"
 
 #include <algorithm>
-#include <boost/json/parse.hpp>
+#include <boost/json/basic_parser_impl.hpp>
 #include <boost/json/serialize.hpp>
-#include <boost/json/value.hpp>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace idemgate::core {
 namespace {
@@ -15,39 +18,116 @@ void hash_headers(Sha256Builder& h, std::span<const HeaderValues> headers) {
   }
 }
 
-void write_canonical(const boost::json::value& v, std::string& out) {
-  switch (v.kind()) {
-    case boost::json::kind::object: {
-      const auto& obj = v.get_object();
-      std::vector<const boost::json::key_value_pair*> members;
-      members.reserve(obj.size());
-      for (const auto& kv : obj) members.push_back(&kv);
-      std::sort(members.begin(), members.end(),
-                [](const auto* a, const auto* b) { return a->key() < b->key(); });
-      out += '{';
-      for (std::size_t i = 0; i < members.size(); ++i) {
-        if (i) out += ',';
-        out += boost::json::serialize(boost::json::string_view(members[i]->key()));
-        out += ':';
-        write_canonical(members[i]->value(), out);
-      }
-      out += '}';
-      return;
-    }
-    case boost::json::kind::array: {
-      const auto& arr = v.get_array();
-      out += '[';
-      for (std::size_t i = 0; i < arr.size(); ++i) {
-        if (i) out += ',';
-        write_canonical(arr[i], out);
-      }
-      out += ']';
-      return;
-    }
-    default:
-      out += boost::json::serialize(v);
+/// Builds the canonical text while Boost.JSON parses (SAX). Numbers keep their text as received:
+/// going through double would make distinct numbers equal (9007199254740993 and
+/// 9007199254740992, or two 32-digit amounts) and the result not a fixed point.
+class CanonicalWriter {
+ public:
+  constexpr static std::size_t max_object_size = std::size_t(-1);
+  constexpr static std::size_t max_array_size = std::size_t(-1);
+  constexpr static std::size_t max_key_size = std::size_t(-1);
+  constexpr static std::size_t max_string_size = std::size_t(-1);
+
+  std::string result;
+
+  bool on_document_begin(boost::json::error_code&) { return true; }
+  bool on_document_end(boost::json::error_code&) { return true; }
+  bool on_array_begin(boost::json::error_code&) {
+    frames_.push_back({false, {}, {}});
+    return true;
   }
-}
+  bool on_array_end(std::size_t, boost::json::error_code&) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < frames_.back().members.size(); ++i) {
+      if (i) out += ',';
+      out += frames_.back().members[i].second;
+    }
+    out += ']';
+    frames_.pop_back();
+    return value(std::move(out));
+  }
+  bool on_object_begin(boost::json::error_code&) {
+    frames_.push_back({true, {}, {}});
+    return true;
+  }
+  bool on_object_end(std::size_t, boost::json::error_code&) {
+    auto& members = frames_.back().members;
+    std::stable_sort(members.begin(), members.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::string out = "{";
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      if (i) out += ',';
+      out += boost::json::serialize(boost::json::string_view(members[i].first));
+      out += ':';
+      out += members[i].second;
+    }
+    out += '}';
+    frames_.pop_back();
+    return value(std::move(out));
+  }
+  bool on_string_part(boost::json::string_view s, std::size_t, boost::json::error_code&) {
+    text_.append(s.data(), s.size());
+    return true;
+  }
+  bool on_string(boost::json::string_view s, std::size_t, boost::json::error_code&) {
+    text_.append(s.data(), s.size());
+    std::string out = boost::json::serialize(boost::json::string_view(text_));
+    text_.clear();
+    return value(std::move(out));
+  }
+  bool on_key_part(boost::json::string_view s, std::size_t, boost::json::error_code&) {
+    text_.append(s.data(), s.size());
+    return true;
+  }
+  bool on_key(boost::json::string_view s, std::size_t, boost::json::error_code&) {
+    text_.append(s.data(), s.size());
+    frames_.back().key = std::move(text_);
+    text_.clear();
+    return true;
+  }
+  bool on_number_part(boost::json::string_view s, boost::json::error_code&) {
+    text_.append(s.data(), s.size());
+    return true;
+  }
+  bool on_int64(std::int64_t, boost::json::string_view s, boost::json::error_code&) {
+    return number(s);
+  }
+  bool on_uint64(std::uint64_t, boost::json::string_view s, boost::json::error_code&) {
+    return number(s);
+  }
+  bool on_double(double, boost::json::string_view s, boost::json::error_code&) { return number(s); }
+  bool on_bool(bool b, boost::json::error_code&) { return value(b ? "true" : "false"); }
+  bool on_null(boost::json::error_code&) { return value("null"); }
+  bool on_comment_part(boost::json::string_view, boost::json::error_code&) { return true; }
+  bool on_comment(boost::json::string_view, boost::json::error_code&) { return true; }
+
+ private:
+  struct Frame {
+    bool object;
+    std::string key;
+    std::vector<std::pair<std::string, std::string>> members;  ///< key ("" in arrays), text
+  };
+
+  bool number(boost::json::string_view s) {
+    text_.append(s.data(), s.size());
+    std::string out = std::move(text_);
+    text_.clear();
+    return value(std::move(out));
+  }
+  bool value(std::string text) {
+    if (frames_.empty()) {
+      result = std::move(text);
+    } else {
+      Frame& top = frames_.back();
+      top.members.emplace_back(top.object ? std::move(top.key) : std::string(), std::move(text));
+      top.key.clear();
+    }
+    return true;
+  }
+
+  std::vector<Frame> frames_;
+  std::string text_;
+};
 
 }  // namespace
 
@@ -67,13 +147,11 @@ Sha256 record_id(const Sha256& scope, std::string_view key) {
 }
 
 std::optional<std::string> canonical_json(std::string_view body) {
+  boost::json::basic_parser<CanonicalWriter> parser{boost::json::parse_options{}};
   boost::system::error_code ec;
-  const boost::json::value doc = boost::json::parse(body, ec);
-  if (ec) return std::nullopt;
-  std::string out;
-  out.reserve(body.size());
-  write_canonical(doc, out);
-  return out;
+  const std::size_t n = parser.write_some(false, body.data(), body.size(), ec);
+  if (ec || !parser.done() || n != body.size()) return std::nullopt;
+  return std::move(parser.handler().result);
 }
 
 Sha256 compute_fingerprint(std::string_view method, std::string_view target,

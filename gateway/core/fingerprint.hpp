@@ -38,8 +38,9 @@ Sha256 compute_fingerprint(std::string_view method, std::string_view target,
                            std::span<const HeaderValues> headers, std::string_view body,
                            BodyMode mode);
 
-/// The canonical JSON text of `body` (sorted member names, no white space), or std::nullopt when
-/// `body` is not JSON.
+/// The canonical JSON text of `body` (sorted member names, no white space, strings re-escaped,
+/// numbers exactly as received), or std::nullopt when `body` is not JSON. A fixed point:
+/// canonical_json(*canonical_json(b)) == canonical_json(b).
 std::optional<std::string> canonical_json(std::string_view body);
 
 }  // namespace idemgate::core
