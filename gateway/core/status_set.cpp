@@ -49,12 +49,16 @@ bool parse_code(std::string_view s, unsigned& out, std::string& error) {
 
 StatusSet StatusSet::default_storable() {
   // 2xx-4xx except the transient or pre-execution refusals 401, 403, 407, 408, 425, 429 (SPEC C21).
-  StatusSet set;
-  for (unsigned s = 200; s <= 499; ++s) {
-    if (s == 401 || s == 403 || s == 407 || s == 408 || s == 425 || s == 429) continue;
-    set.insert(s);
-  }
-  return set;
+  // Built once: every RoutePolicy starts from this set, one per keyed request.
+  static const StatusSet kDefault = [] {
+    StatusSet set;
+    for (unsigned s = 200; s <= 499; ++s) {
+      if (s == 401 || s == 403 || s == 407 || s == 408 || s == 425 || s == 429) continue;
+      set.insert(s);
+    }
+    return set;
+  }();
+  return kDefault;
 }
 
 std::optional<StatusSet> StatusSet::parse(std::string_view text, std::string& error) {
