@@ -24,6 +24,7 @@
 #include "storage/pg/pg_connection.hpp"
 #include "storage/pg/pg_pool.hpp"
 #include "storage/pg/pg_record_store.hpp"
+#include "tests/storage/pg_test_support.hpp"
 #include "tests/storage/record_store_fixtures.hpp"
 
 namespace idemgate::testing {
@@ -35,29 +36,6 @@ using storage::pg::Param;
 using storage::pg::PgConnection;
 using storage::pg::PgPool;
 using storage::pg::PgRecordStore;
-
-std::string pg_dsn() {
-  const char* dsn = std::getenv("IDEMGATE_PG_DSN");
-  if (!dsn || !*dsn) {
-    throw std::runtime_error("IDEMGATE_PG_DSN is not set; start stores with scripts/local-stores");
-  }
-  return dsn;
-}
-
-std::string bytes_of(const core::Sha256& digest) {
-  return {reinterpret_cast<const char*>(digest.data()), digest.size()};
-}
-
-storage::pg::Deadline soon() {
-  return std::chrono::steady_clock::now() + 10s;
-}
-
-struct MigratedDatabase {
-  MigratedDatabase() {
-    auto applied = storage::pg::apply_migrations(pg_dsn());
-    if (!applied) throw std::runtime_error("apply_migrations: " + applied.error().message());
-  }
-};
 
 PgRecordStore::Options group_commit() {
   PgRecordStore::Options options;
@@ -79,15 +57,8 @@ struct PgBatchedBackend {
     return run_to_completion(io, std::move(op));
   }
 
-  // Sleeps on the database until its clock passes the row's expires_at.
   asio::awaitable<void> wait_until_expired(core::Sha256 id) {
-    std::vector<Param> params;
-    params.push_back(Param::bytes(bytes_of(id)));
-    auto slept = co_await pool.query(
-        "SELECT pg_sleep(GREATEST(0, EXTRACT(EPOCH FROM expires_at - clock_timestamp()))::float8)"
-        " FROM idempotency_record WHERE id = $1",
-        std::move(params));
-    if (!slept) throw std::runtime_error("wait_until_expired: " + slept.error().message());
+    return wait_until_db_clock_passes_expiry(pool, id);
   }
 
   /// Starts every insert at once on this thread and runs them all to completion.

@@ -26,6 +26,7 @@
 #include "storage/pg/pg_connection.hpp"
 #include "storage/pg/pg_pool.hpp"
 #include "storage/pg/pg_record_store.hpp"
+#include "tests/storage/pg_test_support.hpp"
 #include "tests/storage/record_store_fixtures.hpp"
 
 namespace idemgate::testing {
@@ -38,24 +39,8 @@ using storage::pg::Param;
 using storage::pg::PgConnection;
 using storage::pg::PgPool;
 
-std::string pg_dsn() {
-  const char* dsn = std::getenv("IDEMGATE_PG_DSN");
-  if (!dsn || !*dsn) {
-    throw std::runtime_error("IDEMGATE_PG_DSN is not set; start stores with scripts/local-stores");
-  }
-  return dsn;
-}
-
 boost::system::error_code code(store_errc e) {
   return make_error_code(e);
-}
-
-std::string bytes_of(const core::Sha256& digest) {
-  return {reinterpret_cast<const char*>(digest.data()), digest.size()};
-}
-
-storage::pg::Deadline soon() {
-  return std::chrono::steady_clock::now() + 10s;
 }
 
 /// Blocking one-off statement on a fresh connection (test set-up only); returns the first value
@@ -75,14 +60,6 @@ std::string exec_blocking(const std::string& dsn, const std::string& sql) {
   return PQntuples(result.get()) > 0 ? PQgetvalue(result.get(), 0, 0) : "";
 }
 
-/// The suite's schema, applied once before any case runs.
-struct MigratedDatabase {
-  MigratedDatabase() {
-    auto applied = storage::pg::apply_migrations(pg_dsn());
-    if (!applied) throw std::runtime_error("apply_migrations: " + applied.error().message());
-  }
-};
-
 struct PgBackend {
   explicit PgBackend(std::size_t connections = 2, std::chrono::milliseconds timeout = 5s)
       : pool(io.get_executor(), {pg_dsn(), connections, timeout, {}}), records(pool) {}
@@ -94,16 +71,8 @@ struct PgBackend {
     return run_to_completion(io, std::move(op));
   }
 
-  // Sleeps on the database until its clock passes the row's expires_at: the store judges expiry
-  // by that clock, not by this process's.
   asio::awaitable<void> wait_until_expired(core::Sha256 id) {
-    std::vector<Param> params;
-    params.push_back(Param::bytes(bytes_of(id)));
-    auto slept = co_await pool.query(
-        "SELECT pg_sleep(GREATEST(0, EXTRACT(EPOCH FROM expires_at - clock_timestamp()))::float8)"
-        " FROM idempotency_record WHERE id = $1",
-        std::move(params));
-    if (!slept) throw std::runtime_error("wait_until_expired: " + slept.error().message());
+    return wait_until_db_clock_passes_expiry(pool, id);
   }
 
   /// The server process behind the pool's connection (pool of one).
