@@ -5,6 +5,7 @@
 //   2: parse_json_pointer_key — the pointer on the first line, the JSON body after it.
 // Hand-written seeds start with the digits '0', '1' or '2'.
 
+#include <algorithm>
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
 #include <cstddef>
@@ -47,6 +48,15 @@ void fuzz_key_field(std::string_view input) {
   const core::KeyParse p = core::parse_key_field("Idempotency-Key", values);
   check_parse_result(p);
   if (values.size() > 1) check(p.status == Status::invalid, "two fields are invalid (C13)");
+  // C13: one bare field of 1-255 visible ASCII characters without `"` or `,` is that key (`;`
+  // included).
+  if (values.size() == 1 && !values[0].empty() && values[0].size() <= 255 &&
+      std::all_of(values[0].begin(), values[0].end(), [](char ch) {
+        const auto c = static_cast<unsigned char>(ch);
+        return c > 0x20 && c < 0x7f && c != '"' && c != ',';
+      })) {
+    check(p.status == Status::valid && p.key == values[0], "a bare visible-ASCII token is a key");
+  }
   if (p.status != Status::valid) return;
   // C28: the sf-string form of a key is the same key.
   const std::string again = quoted(p.key);

@@ -81,9 +81,11 @@ KeyParse parse_bare(std::string_view field, std::string_view v) {
       return KeyParse::invalid(std::string(field) + " contains the byte " + describe_byte(c) +
                                "; only visible ASCII is allowed (quote the key to use spaces)");
     }
-    if (c == '"' || c == ',' || c == ';') {
+    // SPEC C13: a bare key is visible ASCII without `"`; `;` is an ordinary character there
+    // (`a;b` is the key "a;b"), while `,` would make the field a list.
+    if (c == '"' || c == ',') {
       return KeyParse::invalid(std::string(field) + " contains '" + std::string(1, ch) +
-                               "'; a key must be one string, not a list or parameters");
+                               "'; a key must be one string, not a list");
     }
   }
   return check_length(field, std::string(v));

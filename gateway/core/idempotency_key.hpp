@@ -28,7 +28,8 @@ struct KeyParse {
 
 /// Parses every occurrence of a key header field (`values` in arrival order; `field_name` is used
 /// in the detail text only). No occurrence → absent. Accepted forms (SPEC C13): an sf-string
-/// `"abc"` with `\"` and `\\` escapes, or a bare token of visible ASCII without `"`, `,` or `;`;
+/// `"abc"` with `\"` and `\\` escapes, or a bare token of visible ASCII without `"` or `,` (`;` is
+/// part of a bare key: `a;b` is the key "a;b");
 /// 1–255 characters after unquoting; surrounding spaces/tabs are ignored. Invalid: two fields, an
 /// empty value, too long, control or non-ASCII bytes, bad escapes, an unterminated string, or
 /// anything after the closing quote (parameters, a list). `"abc"` and `abc` are the same key (C28).

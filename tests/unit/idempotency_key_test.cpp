@@ -2,6 +2,7 @@
 #include "gateway/core/idempotency_key.hpp"
 
 #include <boost/test/unit_test.hpp>
+#include <utility>
 #include <vector>
 
 using idemgate::core::KeyParse;
@@ -69,7 +70,18 @@ BOOST_AUTO_TEST_CASE(spec_C13_rejects_two_fields_lists_and_parameters) {
   expect_invalid({"\"a\", \"b\""}, "parameters and lists");
   expect_invalid({"\"a\";p=1"}, "parameters and lists");
   expect_invalid({"a,b"}, "not a list");
-  expect_invalid({"a;p=1"}, "not a list");
+  expect_invalid({"a;b,c"}, "not a list");
+}
+
+// SPEC C13: a bare key is visible ASCII without `"`, so `;` belongs to the key; only a quoted
+// string ends at its closing quote (parameters after it stay a 400, see above).
+BOOST_AUTO_TEST_CASE(spec_C13_accepts_a_semicolon_in_a_bare_key) {
+  for (const auto& [field, key] : {std::pair{"a;p=1", "a;p=1"}, std::pair{";", ";"},
+                                   std::pair{"  order-7;retry  ", "order-7;retry"}}) {
+    const KeyParse p = parse({field});
+    BOOST_TEST(static_cast<int>(p.status) == static_cast<int>(KeyParse::Status::valid), field);
+    BOOST_TEST(p.key == key);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(spec_C13_rejects_bad_escapes_and_unterminated_strings) {
