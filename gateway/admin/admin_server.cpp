@@ -15,6 +15,7 @@
 #include <exception>
 #include <tuple>
 
+#include "gateway/http/body_reader.hpp"
 #include "gateway/http/json_log.hpp"
 #include "gateway/http/use_nothrow.hpp"
 #include "storage/pg/pg_pool.hpp"
@@ -88,9 +89,13 @@ asio::awaitable<void> serve(tcp::socket socket, Stores stores,
   for (;;) {
     bhttp::request_parser<bhttp::string_body> parser;
     parser.body_limit(kMaxRequestBody);
+    http::check_chunk_extensions(parser);
     stream.expires_after(kRequestTimeout);
-    auto [ec, n] = co_await bhttp::async_read(stream, buffer, parser, use_nothrow);
+    auto [ec, n] = co_await bhttp::async_read_header(stream, buffer, parser, use_nothrow);
     if (ec) break;
+    // The same body reader as the proxy's sessions: Beast 1.81's chunk-parser assertion is
+    // reachable from any client otherwise.
+    if (!parser.is_done() && co_await http::async_read_body(stream, buffer, parser)) break;
     const auto& req = parser.get();
     const unsigned version = req.version();
     const std::string_view target = req.target();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <boost/beast/core/string.hpp>
+#include <cctype>
 #include <charconv>
 #include <cstdio>
 #include <ctime>
@@ -122,6 +123,61 @@ std::string format_http_date(std::chrono::system_clock::time_point t) {
                 tm.tm_mday, kMonths[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min,
                 tm.tm_sec);
   return out;
+}
+
+bool valid_chunk_extensions(std::string_view ext) {
+  // RFC 9110 §5.6.2 tchar, §5.6.4 qdtext and quoted-pair (obs-text is %x80-FF).
+  const auto tchar = [](unsigned char c) {
+    return std::isalnum(c) != 0 ||
+           std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos;
+  };
+  const auto qdtext = [](unsigned char c) {
+    return c == '\t' || c == ' ' || c == 0x21 || (c >= 0x23 && c <= 0x5b) ||
+           (c >= 0x5d && c <= 0x7e) || c >= 0x80;
+  };
+  const auto pair_char = [](unsigned char c) {
+    return c == '\t' || c == ' ' || (c >= 0x21 && c <= 0x7e) || c >= 0x80;
+  };
+  std::size_t i = 0;
+  const auto at = [&] { return static_cast<unsigned char>(ext[i]); };
+  const auto skip_bws = [&] {
+    while (i < ext.size() && (ext[i] == ' ' || ext[i] == '\t')) ++i;
+  };
+  const auto token = [&] {
+    const std::size_t start = i;
+    while (i < ext.size() && tchar(at())) ++i;
+    return i > start;
+  };
+  for (;;) {
+    skip_bws();
+    if (i == ext.size()) return true;
+    if (ext[i] != ';') return false;
+    ++i;
+    skip_bws();
+    if (!token()) return false;
+    const std::size_t after_name = i;
+    skip_bws();
+    if (i == ext.size() || ext[i] != '=') {
+      i = after_name;
+      continue;
+    }
+    ++i;
+    skip_bws();
+    if (i < ext.size() && ext[i] == '"') {
+      for (++i;; ++i) {
+        if (i == ext.size()) return false;
+        if (ext[i] == '"') break;
+        if (ext[i] == '\\') {
+          if (++i == ext.size() || !pair_char(at())) return false;
+        } else if (!qdtext(at())) {
+          return false;
+        }
+      }
+      ++i;
+    } else if (!token()) {
+      return false;
+    }
+  }
 }
 
 }  // namespace idemgate::http

@@ -50,4 +50,12 @@ std::optional<std::chrono::seconds> keep_alive_timeout(const Fields& fields);
 /// Locale-independent.
 std::string format_http_date(std::chrono::system_clock::time_point t);
 
+/// Whether `extensions` (what follows the chunk size on a chunk-size line, CRLF excluded) is a
+/// valid chunk-ext of RFC 9112 §7.1.1: *( BWS ";" BWS name [ BWS "=" BWS ( token /
+/// quoted-string ) ] ), names tokens, quoted strings of qdtext and quoted-pairs (RFC 9110
+/// §5.6.4). Beast 1.81 checks the token forms but takes any byte but `"` and `\` inside a quoted
+/// value, a bare LF, NUL or DEL included; a front proxy reading such an LF as a line end would
+/// frame the body differently (SPEC C03), so the gateway checks the whole grammar itself.
+bool valid_chunk_extensions(std::string_view extensions);
+
 }  // namespace idemgate::http

@@ -23,6 +23,7 @@
 #include <optional>
 #include <string_view>
 
+#include "gateway/http/body_reader.hpp"
 #include "gateway/http/headers.hpp"
 #include "gateway/http/json_log.hpp"
 #include "gateway/http/problem.hpp"
@@ -250,6 +251,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
   parser.header_limit(static_cast<std::uint32_t>(
       std::min<std::size_t>(limits.max_header_bytes, std::numeric_limits<std::uint32_t>::max())));
   parser.body_limit(static_cast<std::uint64_t>(limits.max_request_body));
+  check_chunk_extensions(parser);  // RFC 9112 §7.1.1, C03
 
   HandlerResult result;
   const config::Route* route = nullptr;
@@ -349,7 +351,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
     std::optional<bhttp::request_header<>> header;
     if (parser.chunked()) header = parser.get().base();
     lowest().expires_after(limits.idle_timeout);
-    auto [bec, bn] = co_await bhttp::async_read(stream_, buffer, parser, use_nothrow);
+    const auto bec = co_await async_read_body(stream_, buffer, parser);
     if (bec) {
       reject = problem_for(bec);
       if (!reject) co_return false;

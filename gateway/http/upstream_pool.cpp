@@ -18,6 +18,7 @@
 #include <deque>
 #include <optional>
 
+#include "gateway/http/body_reader.hpp"
 #include "gateway/http/headers.hpp"
 #include "gateway/http/json_log.hpp"
 #include "gateway/http/problem.hpp"
@@ -179,7 +180,9 @@ asio::awaitable<Attempt> exchange(Stream* stream, beast::tcp_stream* tcp, const 
     co_return attempt;
   }
 
-  beast::flat_buffer buffer;
+  // Bounded: a chunk-size line or trailer section from the upstream must fit in it along with
+  // the header section.
+  beast::flat_buffer buffer{2 * kMaxResponseHeaderBytes};
   std::optional<bhttp::response_parser<bhttp::string_body>> parser;
   bool got_bytes = false;
   for (;;) {
@@ -187,6 +190,7 @@ asio::awaitable<Attempt> exchange(Stream* stream, beast::tcp_stream* tcp, const 
     parser->header_limit(kMaxResponseHeaderBytes);
     parser->body_limit(max_body);
     parser->skip(head);
+    check_chunk_extensions(*parser);  // RFC 9112 §7.1.1
     auto [ec, n] = co_await bhttp::async_read_header(*stream, buffer, *parser, use_nothrow);
     if (ec) {
       got_bytes = got_bytes || parser->got_some() || buffer.size() > 0;
@@ -212,7 +216,7 @@ asio::awaitable<Attempt> exchange(Stream* stream, beast::tcp_stream* tcp, const 
   // Trailer fields of a chunked body are merged into the fields by the parser: keep the header.
   auto header = parser->get().base();
   if (!parser->is_done()) {
-    auto [ec, n] = co_await bhttp::async_read(*stream, buffer, *parser, use_nothrow);
+    const auto ec = co_await async_read_body(*stream, buffer, *parser);
     if (ec) {
       attempt.kind = ec == beast::error::timeout ? Attempt::Kind::timed_out : Attempt::Kind::failed;
       attempt.detail = ec == bhttp::error::body_limit

@@ -183,6 +183,36 @@ BOOST_AUTO_TEST_CASE(spec_C04_oversized_trailers_and_chunk_extensions_are_refuse
   BOOST_TEST(upstream.count("/t") == 0u);
 }
 
+BOOST_AUTO_TEST_CASE(spec_C03_quoted_chunk_extension_with_lf_nul_or_del_is_400_and_closes) {
+  // RFC 9112 §7.1.1: a quoted chunk-ext value holds qdtext and quoted-pairs only. A front proxy
+  // that reads the bare LF as a line end would find the smuggled request where the gateway
+  // reads chunk data.
+  for (const std::string& bad :
+       {std::string("\n"), std::string(1, '\0'), std::string("\x7f"), std::string("\\\n")}) {
+    const std::string ext = ";a=\"x" + bad + "y\"";
+    expect_rejected_and_closed("in a chunk: " + ext,
+                               "POST /ext HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: "
+                               "chunked\r\n\r\n5" +
+                                   ext + "\r\nhello\r\n0\r\n\r\n" + kSmuggled);
+    expect_rejected_and_closed("in the last chunk: " + ext,
+                               "POST /ext HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: "
+                               "chunked\r\n\r\n5\r\nhello\r\n0" +
+                                   ext + "\r\n\r\n" + kSmuggled);
+  }
+  BOOST_TEST(upstream.count("/ext") == 0u);
+  BOOST_TEST(upstream.count("/smuggled") == 0u);
+
+  // Well-formed extensions, quoted-pairs included, are still read (and dropped by the re-framing).
+  const RawExchange ok =
+      raw_exchange(gateway.port(),
+                   "POST /ext-ok HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: chunked\r\n"
+                   "Connection: close\r\n\r\n5;a=\"x y\\\"z\";b=tok\r\nhello\r\n0;last\r\n\r\n");
+  BOOST_TEST_REQUIRE(ok.responses.size() == 1u);
+  BOOST_TEST(ok.responses.front().status == 201u, describe(ok.responses.front()));
+  BOOST_TEST_REQUIRE(upstream.count("/ext-ok") == 1u);
+  BOOST_TEST(upstream.received("/ext-ok").front().body == "hello");
+}
+
 BOOST_AUTO_TEST_CASE(spec_C03_transfer_codings_other_than_chunked_are_refused) {
   // "gzip, chunked" would reach the upstream still gzip-coded but without saying so.
   expect_rejected_and_closed("gzip, chunked",

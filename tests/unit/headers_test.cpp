@@ -144,3 +144,17 @@ BOOST_AUTO_TEST_CASE(spec_C33_problem_responses_carry_type_title_status_detail) 
   BOOST_TEST(mismatch.body().find("\"status\":409") != std::string::npos);
   BOOST_TEST(!mismatch.keep_alive());
 }
+
+// RFC 9112 §7.1.1 chunk-ext: what Beast 1.81 lets through in a quoted value must be refused.
+BOOST_AUTO_TEST_CASE(spec_C03_chunk_extensions_follow_rfc_9112_grammar) {
+  for (const std::string ok : {"", ";a", ";a=b", ";a=\"x y\"", ";a=\"x\\\"y\\\\\"", " ; a = b ;c",
+                               ";a=\"\"", ";a=\"caf\xc3\xa9\"", ";a=\"tab\there\""}) {
+    BOOST_TEST(http::valid_chunk_extensions(ok), ok);
+  }
+  for (const std::string& bad : std::vector<std::string>{
+           ";a=\"x\ny\"", std::string(";a=\"x") + '\0' + "y\"", ";a=\"x\x7fy\"", ";a=\"x\ry\"",
+           ";a=\"x\\\ny\"", ";a=\"open", ";a=\"x\\", ";", ";=b", ";a=", ";a b", "a", ";a=b c",
+           ";a=\"x\"y", ";a=b\n", ";a@=b"}) {
+    BOOST_TEST(!http::valid_chunk_extensions(bad), bad);
+  }
+}

@@ -1,0 +1,85 @@
+#pragma once
+// Reading a message body after its header: Beast's async_read with two guards for chunked bodies
+// that Beast 1.81 lacks. Used for requests (session) and upstream responses (upstream pool) alike.
+
+#include <algorithm>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/error.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/system/error_code.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "gateway/http/headers.hpp"
+#include "gateway/http/use_nothrow.hpp"
+
+namespace idemgate::http {
+
+/// The fewest unparsed bytes of a chunked body handed to Beast's parser at once: a last chunk
+/// with its empty trailer section ("0\r\n\r\n"). Beast 1.81 asserts `n >= 5` when it resumes a
+/// last chunk whose trailer section arrived in pieces ("0\r\n", then "\r"): reachable by any
+/// peer in a build with assertions on. A chunked body cannot end with fewer bytes still unparsed,
+/// so holding them back until more arrive never stalls a complete message.
+inline constexpr std::size_t kMinChunkedPut = 5;
+
+/// The chunk-header callback that refuses a chunk-ext outside RFC 9112 §7.1.1
+/// (valid_chunk_extensions) with bad_chunk_extension. Stateless and static, so a parser may keep
+/// its reference for as long as it lives.
+struct ChunkExtensionCheck {
+  void operator()(std::uint64_t, std::string_view extensions, boost::system::error_code& ec) const {
+    if (!valid_chunk_extensions(extensions)) ec = boost::beast::http::error::bad_chunk_extension;
+  }
+};
+inline ChunkExtensionCheck chunk_extension_check;
+
+/// Installs chunk_extension_check on a freshly constructed parser: Beast allows setting the
+/// callback only before the header is parsed.
+template <bool isRequest, class Body, class Allocator>
+void check_chunk_extensions(boost::beast::http::parser<isRequest, Body, Allocator>& parser) {
+  parser.on_chunk_header(chunk_extension_check);
+}
+
+/// Reads the rest of the message whose header `parser` has already parsed, from `stream` through
+/// `buffer` (as beast::http::async_read; the buffer's max_size bounds a chunk-size line or trailer
+/// section), never handing the parser fewer than kMinChunkedPut bytes of a chunked body. Errors
+/// come back as values: the parser's own (body_limit, bad_chunk, bad_chunk_extension from
+/// check_chunk_extensions, ...), buffer_overflow when a line does not fit the buffer,
+/// partial_message when the peer closes first, or the stream's error (timeout, reset).
+template <class Stream, bool isRequest, class Body, class Allocator>
+boost::asio::awaitable<boost::system::error_code> async_read_body(
+    Stream& stream, boost::beast::flat_buffer& buffer,
+    boost::beast::http::parser<isRequest, Body, Allocator>& parser) {
+  namespace bhttp = boost::beast::http;
+  using boost::system::error_code;
+  constexpr std::size_t kReadSize = 64 * 1024;
+
+  parser.eager(true);
+  for (;;) {
+    if (parser.is_done()) co_return error_code{};
+    if (buffer.size() > 0 && (!parser.chunked() || buffer.size() >= kMinChunkedPut)) {
+      error_code ec;
+      const std::size_t used = parser.put(buffer.data(), ec);
+      buffer.consume(used);
+      if (ec && ec != bhttp::error::need_more) co_return ec;
+      if (parser.is_done()) co_return error_code{};
+      if (!ec && used > 0) continue;
+    }
+    const std::size_t room = std::min(kReadSize, buffer.max_size() - buffer.size());
+    if (room == 0) co_return bhttp::error::buffer_overflow;
+    auto [rec, n] = co_await stream.async_read_some(buffer.prepare(room), use_nothrow);
+    buffer.commit(n);
+    if (rec == boost::asio::error::eof) {
+      // The end of a body delimited by the connection's close (RFC 9112 §6.3 item 8), or a
+      // message cut short: put_eof tells which.
+      error_code eec;
+      parser.put_eof(eec);
+      co_return eec;
+    }
+    if (rec) co_return rec;
+  }
+}
+
+}  // namespace idemgate::http
