@@ -50,8 +50,14 @@ core::FilterEvents filter_events(Metrics& metrics) {
              "record commit failed after the upstream answered; the lock is kept until it expires",
              {{"case", "C26"}});
   };
-  events.store_error = [](const char* what, const boost::system::error_code& ec) {
+  events.store_error = [&metrics](const char* what, const boost::system::error_code& ec) {
+    metrics.count_store_error(what);
     log_json(spdlog::level::warn, "store error", {{"op", what}, {"error", ec.message()}});
+  };
+  events.task_failed = [&metrics](const char* what, const std::string& detail) {
+    metrics.count_task_failure(what);
+    log_json(spdlog::level::err, "background task failed and was stopped",
+             {{"task", what}, {"error", detail}});
   };
   return events;
 }

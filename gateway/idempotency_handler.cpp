@@ -121,6 +121,7 @@ core::RoutePolicy route_policy(const config::Idempotency& idempotency) {
   policy.max_stored_response = idempotency.max_stored_response;
   policy.hold_on_unknown_outcome = idempotency.on_unknown_outcome == config::UnknownOutcome::hold;
   policy.fail_open = idempotency.on_store_error == config::StoreErrorPolicy::fail_open;
+  policy.commit_timeout = idempotency.commit_timeout;
   return policy;
 }
 

@@ -60,6 +60,15 @@ Metrics::Metrics()
                                  "answered (C26)")
                            .Register(*registry_)
                            .Add({})),
+      store_errors_(prometheus::BuildCounter()
+                        .Name("idemgate_store_errors_total")
+                        .Help("Failed store operations of the idempotency filter, by operation "
+                              "(a C26 commit retry counts each failed attempt)")
+                        .Register(*registry_)),
+      task_failures_(prometheus::BuildCounter()
+                         .Name("idemgate_task_failures_total")
+                         .Help("Background tasks (lock renewal) that ended with an exception")
+                         .Register(*registry_)),
       cleanup_deleted_(prometheus::BuildCounter()
                            .Name("idemgate_cleanup_deleted_total")
                            .Help("Expired records deleted by the cleaner (C24)")
@@ -95,6 +104,14 @@ void Metrics::count_lock_contention() {
 
 void Metrics::count_duplicate_execution() {
   duplicate_executions_.Increment();
+}
+
+void Metrics::count_store_error(std::string_view op) {
+  store_errors_.Add({{"op", std::string(op)}}).Increment();
+}
+
+void Metrics::count_task_failure(std::string_view task) {
+  task_failures_.Add({{"task", std::string(task)}}).Increment();
 }
 
 void Metrics::count_record_commit_failure() {

@@ -52,6 +52,11 @@ class Metrics {
   void count_lock_contention();
   void count_duplicate_execution();
   void count_record_commit_failure();
+  /// idemgate_store_errors_total{op}: one failed store operation (`op` as FilterEvents reports
+  /// it: "record lookup", "lock acquire", "record commit", "lock renew", ...).
+  void count_store_error(std::string_view op);
+  /// idemgate_task_failures_total{task}: a background task that ended with an exception.
+  void count_task_failure(std::string_view task);
   void connection_opened();
   void connection_closed();
   void lock_taken();
@@ -71,6 +76,8 @@ class Metrics {
   prometheus::Counter& lock_contention_;
   prometheus::Counter& duplicate_executions_;
   prometheus::Counter& commit_failures_;
+  prometheus::Family<prometheus::Counter>& store_errors_;
+  prometheus::Family<prometheus::Counter>& task_failures_;
   prometheus::Counter& cleanup_deleted_;
   prometheus::Gauge& open_connections_;
   prometheus::Gauge& in_flight_locks_;

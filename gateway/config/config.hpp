@@ -123,6 +123,9 @@ struct Idempotency {
   UnknownOutcome on_unknown_outcome = UnknownOutcome::hold;
   FingerprintBody fingerprint_body = FingerprintBody::bytes;
   StoreErrorPolicy on_store_error = StoreErrorPolicy::fail_closed;
+  /// C26: a record commit that fails after the upstream answered is retried (fresh connection,
+  /// backoff, lock renewed) for this long before the client gets the answer unrecorded; 0–10min.
+  Duration commit_timeout = std::chrono::seconds(10);
 };
 
 struct Match {

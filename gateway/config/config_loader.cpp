@@ -722,7 +722,7 @@ void Loader::idempotency(const Field& f, Route& route) {
               {"mode", "methods", "ttl", "lock_ttl", "key_scope", "fingerprint", "upstream_key",
                "upstream_key_secret_file", "key_source", "on_mismatch", "concurrency",
                "wait_timeout", "max_waiters", "store_statuses", "max_stored_response",
-               "on_unknown_outcome", "fingerprint_body", "on_store_error"});
+               "on_unknown_outcome", "fingerprint_body", "on_store_error", "commit_timeout"});
   Idempotency& idem = route.idempotency;
   if (auto v = m.get("mode")) {
     idem.mode = choice<IdempotencyMode>(*v, {{"off", IdempotencyMode::off},
@@ -813,6 +813,9 @@ void Loader::idempotency(const Field& f, Route& route) {
     fail(concurrency->line, join(f.path, "wait_timeout"),
          "wait_timeout " + value + " exceeds 2 x lock_ttl (" + bound + "); set wait_timeout");
   }
+  // C26: how long a commit that failed after the upstream answered is retried; the client's
+  // answer waits for it. 0s: one attempt.
+  if (auto v = m.get("commit_timeout")) idem.commit_timeout = duration(*v, 0ms, 10min);
   if (auto v = m.get("max_waiters")) {
     idem.max_waiters = static_cast<std::size_t>(integer(*v, 0, 10'000));
   }

@@ -1,13 +1,17 @@
 #include "gateway/core/idempotency_filter.hpp"
 
+#include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <exception>
 #include <memory>
 #include <optional>
+#include <random>
+#include <string>
 
 namespace idemgate::core {
 namespace asio = boost::asio;
@@ -21,6 +25,16 @@ struct Renewal {
   asio::steady_timer timer;
   bool done = false;
 };
+
+constexpr auto kCommitBackoffFirst = std::chrono::milliseconds(50);
+constexpr auto kCommitBackoffMax = std::chrono::milliseconds(1000);
+
+/// A pause drawn uniformly from [d/2, d].
+std::chrono::milliseconds jittered(std::chrono::milliseconds d) {
+  thread_local std::minstd_rand random{std::random_device{}()};
+  std::uniform_int_distribution<std::chrono::milliseconds::rep> pick(d.count() / 2, d.count());
+  return std::chrono::milliseconds(pick(random));
+}
 
 asio::awaitable<void> sleep_for(std::chrono::milliseconds d) {
   asio::steady_timer timer(co_await asio::this_coro::executor, d);
@@ -169,6 +183,27 @@ asio::awaitable<FilterResult> IdempotencyFilter::run(RoutePolicy policy, KeyedRe
   }
 }
 
+asio::awaitable<boost::system::result<InsertResult>> IdempotencyFilter::commit(
+    const RoutePolicy& policy, StoredRecord record) {
+  // C26: the insert is idempotent (ON CONFLICT), and the store sends each attempt on a fresh
+  // connection after a failure, so a retry after a failover reaches the new primary.
+  const auto deadline = std::chrono::steady_clock::now() + policy.commit_timeout;
+  auto backoff = kCommitBackoffFirst;
+  for (;;) {
+    auto inserted = co_await store_.insert(record, policy.ttl);
+    if (inserted) co_return inserted;
+    if (events_.store_error) events_.store_error("record commit", inserted.error());
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) co_return inserted;
+    // Full jitter in [backoff/2, backoff]: gateways cut off by the same failover do not all
+    // come back in step.
+    const auto pause = std::min(
+        jittered(backoff), std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+    co_await sleep_for(std::max(pause, std::chrono::milliseconds(1)));
+    backoff = std::min(backoff * 2, kCommitBackoffMax);
+  }
+}
+
 asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolicy& policy,
                                                                 const KeyedRequest& request,
                                                                 const std::string& token,
@@ -182,6 +217,8 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
   }
 
   auto renewal = std::make_shared<Renewal>(co_await asio::this_coro::executor);
+  // Nothing may escape into the io thread from this detached task: an exception (from a lock
+  // implementation, an allocation) stops this renewal only, reported through task_failed.
   asio::co_spawn(
       renewal->timer.get_executor(),
       [this, policy, id = request.id, token, renewal]() -> asio::awaitable<void> {
@@ -194,30 +231,37 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
           if (!renewed && events_.store_error) events_.store_error("lock renew", renewed.error());
         }
       },
-      [](std::exception_ptr e) {
-        if (e) std::rethrow_exception(e);
+      [this](std::exception_ptr e) {
+        if (!e) return;
+        std::string detail = "unknown exception";
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+          detail = ex.what();
+        } catch (...) {
+        }
+        if (events_.task_failed) events_.task_failed("lock renew", detail);
       });
 
-  // Renewal ends with the upstream call, also when forward() throws.
+  // Renewal lasts through the upstream call and the commit (C26 retries included), and ends
+  // before the lock is released or left to expire; also when forward() or the store throws.
   struct StopRenewal {
     Renewal& r;
-    ~StopRenewal() {
+    void operator()() {
       r.done = true;
       r.timer.cancel();
     }
-  };
+    ~StopRenewal() { (*this)(); }
+  } stop_renewal{*renewal};
   const auto started = std::chrono::steady_clock::now();
-  UpstreamReply reply;
-  {
-    StopRenewal stop{*renewal};
-    reply = co_await forward();
-  }
+  UpstreamReply reply = co_await forward();
   const auto upstream_time = std::chrono::duration_cast<std::chrono::microseconds>(
       std::chrono::steady_clock::now() - started);
 
   FilterResult result;
   result.upstream_time = upstream_time;
   if (reply.kind != UpstreamReply::Kind::response) {
+    stop_renewal();
     result.outcome = Outcome::upstream_error;
     result.upstream_kind = reply.kind;
     result.detail = std::move(reply.detail);
@@ -230,6 +274,7 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
   }
 
   if (!policy.store_statuses.contains(reply.response.status)) {
+    stop_renewal();
     co_await lock_.release(request.id, token);
     result.outcome = Outcome::not_stored;
     result.response = std::move(reply.response);
@@ -247,15 +292,15 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
   } else {
     record.response.body = reply.response.body;
   }
-  auto inserted = co_await store_.insert(std::move(record), policy.ttl);
   result.response = std::move(reply.response);
+  auto inserted = co_await commit(policy, std::move(record));
+  stop_renewal();
   if (!inserted) {
     // C26: the upstream executed; the client gets its answer, the lock stays until lock_ttl so
     // quick retries get 409 rather than a second execution.
     result.outcome = Outcome::executed;
     result.record_commit_failed = true;
     if (events_.record_commit_failed) events_.record_commit_failed();
-    if (events_.store_error) events_.store_error("record commit", inserted.error());
     co_return result;
   }
   co_await lock_.release(request.id, token);

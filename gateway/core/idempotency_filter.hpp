@@ -33,6 +33,9 @@ struct RoutePolicy {
   std::size_t max_stored_response = 8 * 1024 * 1024;         ///< bytes of body (C29)
   bool hold_on_unknown_outcome = true;                       ///< on_unknown_outcome: hold (C22)
   bool fail_open = false;                                    ///< on_store_error: fail_open (C25)
+  /// How long a failed record commit is retried after the upstream answered (C26,
+  /// `idempotency.commit_timeout`); 0: one attempt only.
+  std::chrono::milliseconds commit_timeout{std::chrono::seconds(10)};
 };
 
 /// What the upstream exchange ended with, as the filter needs it.
@@ -84,6 +87,9 @@ struct FilterEvents {
   std::function<void()> duplicate_execution;   ///< insert found an existing record (C36)
   std::function<void()> record_commit_failed;  ///< C26
   std::function<void(const char* what, const boost::system::error_code&)> store_error;
+  /// A background task of the filter (what: "lock renew") ended with an exception; the task is
+  /// stopped, the request it served goes on.
+  std::function<void(const char* what, const std::string& detail)> task_failed;
 };
 
 /// Runs one keyed request through the contract. One instance per io thread (its store and lock
@@ -93,9 +99,11 @@ struct FilterEvents {
 /// token (on contention: 409, or wait and poll for the record, at most
 /// RoutePolicy::max_waiters requests per record id at a time); look up again now that the lock
 /// is held (the previous owner commits before it releases); forward while renewing the lock every
-/// lock_ttl/3; commit the record with INSERT … ON CONFLICT before the response leaves; release by
-/// compare-and-delete. The upstream call and the commit are never cancelled by the caller's
-/// stop of waiting: the filter is meant to be co_spawned detached from the client (C34).
+/// lock_ttl/3; commit the record with INSERT … ON CONFLICT before the response leaves (a failed
+/// commit is retried with jittered backoff, 50 ms doubling to 1 s, the lock still renewed, until
+/// it commits or RoutePolicy::commit_timeout passes: C26); release by compare-and-delete. The
+/// upstream call and the commit are never cancelled by the caller's stop of waiting: the filter is
+/// meant to be co_spawned detached from the client (C34).
 class IdempotencyFilter {
  public:
   using Forward = std::function<boost::asio::awaitable<UpstreamReply>()>;
@@ -118,8 +126,9 @@ class IdempotencyFilter {
                                                       const KeyedRequest& request,
                                                       const std::string& token,
                                                       const Forward& forward);
-  boost::asio::awaitable<void> renew_until_done(RoutePolicy policy, Sha256 id, std::string token,
-                                                std::shared_ptr<bool> done);
+  /// Inserts `record`, retrying a failure until policy.commit_timeout (C26).
+  boost::asio::awaitable<boost::system::result<InsertResult>> commit(const RoutePolicy& policy,
+                                                                     StoredRecord record);
   boost::asio::awaitable<FilterResult> on_store_error(const RoutePolicy& policy, const char* what,
                                                       boost::system::error_code ec,
                                                       const Forward& forward);

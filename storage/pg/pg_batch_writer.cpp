@@ -226,6 +226,9 @@ asio::awaitable<void> flush(std::shared_ptr<PgBatchWriter::State> state) {
       written = lease.error();
     } else {
       written = co_await (*lease)->execute(kBatchInsert, batch_params(batch), until);
+      // Whatever failed, the retries (one by one, or the caller's C26 retry) take a fresh
+      // connection: this one may point at a server that is no longer the primary.
+      if (!written) (*lease)->discard();
     }
 
     if (!written) {

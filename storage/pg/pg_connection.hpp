@@ -93,6 +93,10 @@ class PgConnection {
   bool connected() const noexcept { return connected_; }
   /// True once the connection must not be used again (see the class comment).
   bool broken() const noexcept { return broken_; }
+  /// Marks the connection broken, so that the pool drops it instead of lending it again: for a
+  /// caller about to retry a failed write, which must reach whichever server is primary now
+  /// (SPEC C26; the error may come from a server that has become a standby, SQLSTATE 25006).
+  void discard() noexcept { broken_ = true; }
   /// True while an operation runs; stays true if its caller stopped waiting mid-operation.
   bool busy() const noexcept { return busy_; }
   /// The server process id of this connection (0 when not connected).

@@ -196,7 +196,11 @@ asio::awaitable<boost::system::result<core::InsertResult>> PgRecordStore::insert
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::vector<Param> attempt_params = params;
     auto inserted = co_await connection.execute(kInsert, std::move(attempt_params), deadline);
-    if (!inserted) co_return inserted.error();
+    if (!inserted) {
+      // The caller retries a failed commit (C26): on another connection, never this one.
+      connection.discard();
+      co_return inserted.error();
+    }
     if (inserted->rows() == 1) co_return core::InsertResult{true, std::nullopt};
 
     std::vector<Param> id_param;

@@ -23,6 +23,7 @@ class MemoryLock final : public core::LockService {
   int fail_acquire_at = 0;  ///< 1-based call number of try_acquire() to fail; 0: never
   boost::system::error_code failure = core::store_errc::unavailable;
   std::function<void()> before_acquire;
+  std::function<void()> before_renew;  ///< may throw, as a failing lock implementation would
   int acquire_calls = 0;
   int renew_calls = 0;
   int release_calls = 0;
@@ -43,6 +44,7 @@ class MemoryLock final : public core::LockService {
     co_await boost::asio::post(co_await boost::asio::this_coro::executor,
                                boost::asio::use_awaitable);
     ++renew_calls;
+    if (before_renew) before_renew();
     auto it = locks_.find(id);
     if (it == locks_.end() || it->second.expires <= now() || it->second.token != token) {
       co_return false;

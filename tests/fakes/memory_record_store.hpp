@@ -21,6 +21,7 @@ class MemoryRecordStore final : public core::RecordStore {
   std::function<Clock::time_point()> now = [] { return Clock::now(); };
   int fail_find_at = 0;    ///< 1-based call number of find() to fail; 0: never
   int fail_insert_at = 0;  ///< 1-based call number of insert() to fail; 0: never
+  int fail_inserts = 1;    ///< how many insert() calls fail from fail_insert_at on
   boost::system::error_code failure = core::store_errc::unavailable;
   std::function<void()> before_find;
   std::function<void()> before_insert;
@@ -47,7 +48,10 @@ class MemoryRecordStore final : public core::RecordStore {
                                boost::asio::use_awaitable);
     ++insert_calls;
     if (before_insert) before_insert();
-    if (insert_calls == fail_insert_at) co_return failure;
+    if (fail_insert_at > 0 && insert_calls >= fail_insert_at &&
+        insert_calls < fail_insert_at + fail_inserts) {
+      co_return failure;
+    }
     co_return put(std::move(record), ttl);
   }
 

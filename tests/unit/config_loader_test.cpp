@@ -192,6 +192,7 @@ BOOST_AUTO_TEST_CASE(applies_spec_defaults_when_keys_are_omitted) {
   BOOST_TEST(i.on_mismatch == 422);
   BOOST_TEST((i.concurrency == cfg::Concurrency::reject));
   BOOST_TEST(i.wait_timeout.count() == 10'000);
+  BOOST_TEST(i.commit_timeout.count() == 10'000);
   BOOST_TEST(i.max_stored_response == 8u * 1024u * 1024u);
   BOOST_TEST((i.on_unknown_outcome == cfg::UnknownOutcome::hold));
   BOOST_TEST((i.fingerprint_body == cfg::FingerprintBody::bytes));
@@ -295,7 +296,8 @@ BOOST_AUTO_TEST_CASE(unknown_keys_are_rejected_at_every_level) {
              "t.yaml:12: routes[0].idempotency.tll: unknown key (expected one of: mode, methods, "
              "ttl, lock_ttl, key_scope, fingerprint, upstream_key, upstream_key_secret_file, "
              "key_source, on_mismatch, concurrency, wait_timeout, max_waiters, store_statuses, "
-             "max_stored_response, on_unknown_outcome, fingerprint_body, on_store_error)");
+             "max_stored_response, on_unknown_outcome, fingerprint_body, on_store_error, "
+             "commit_timeout)");
   BOOST_TEST(error_of(replace(kBase, "path_prefix: /", "path_prefix: /, hosts: a.com")) ==
              "t.yaml:8: routes[0].match.hosts: unknown key (expected one of: path_prefix, path, "
              "host, methods)");
@@ -581,6 +583,15 @@ BOOST_AUTO_TEST_CASE(spec_C18_wait_timeout_is_at_most_twice_lock_ttl_when_waitin
              "(4s); set wait_timeout");
   // With reject the waiting bound is unused, so a short lock_ttl needs no wait_timeout.
   BOOST_TEST(idem_of(with_idempotency("      lock_ttl: 2s\n")).wait_timeout.count() == 10'000);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C26_commit_timeout_defaults_to_10s_and_is_0s_to_10m) {
+  BOOST_TEST(idem_of(with_idempotency("      commit_timeout: 0s\n")).commit_timeout.count() == 0);
+  BOOST_TEST(idem_of(with_idempotency("      commit_timeout: 10m\n")).commit_timeout.count() ==
+             600'000);
+  BOOST_TEST(error_of(with_idempotency("      commit_timeout: 11m\n")) ==
+             "t.yaml:12: routes[0].idempotency.commit_timeout: must be between 0s and 10m, got "
+             "11m");
 }
 
 BOOST_AUTO_TEST_CASE(spec_C18_max_waiters_defaults_to_32_and_is_0_to_10000) {

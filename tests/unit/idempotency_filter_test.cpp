@@ -6,6 +6,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/test/unit_test.hpp>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "gateway/core/fingerprint.hpp"
@@ -27,10 +29,18 @@ struct Fixture {
   int duplicates = 0;
   int contention = 0;
   int commit_failures = 0;
+  std::vector<std::string> store_errors;
+  std::vector<std::string> task_failures;
   IdempotencyFilter filter{
       store, lock,
-      FilterEvents{
-          [this] { ++contention; }, [this] { ++duplicates; }, [this] { ++commit_failures; }, {}}};
+      FilterEvents{[this] { ++contention; }, [this] { ++duplicates; },
+                   [this] { ++commit_failures; },
+                   [this](const char* what, const boost::system::error_code&) {
+                     store_errors.emplace_back(what);
+                   },
+                   [this](const char* what, const std::string& detail) {
+                     task_failures.push_back(std::string(what) + ": " + detail);
+                   }}};
   RoutePolicy policy;
   int executions = 0;
 
@@ -49,6 +59,20 @@ struct Fixture {
       reply.response.headers = {
           {"Content-Type", "application/json"}, {"Set-Cookie", "a=1"}, {"Set-Cookie", "b=2"}};
       reply.response.body = body;
+      co_return reply;
+    };
+  }
+
+  /// An upstream that answers 201 after `delay` (a timer on the test's io_context).
+  IdempotencyFilter::Forward slow_upstream(std::chrono::milliseconds delay) {
+    return [this, delay]() -> asio::awaitable<UpstreamReply> {
+      ++executions;
+      asio::steady_timer timer(co_await asio::this_coro::executor, delay);
+      co_await timer.async_wait(asio::use_awaitable);
+      UpstreamReply reply;
+      reply.kind = UpstreamReply::Kind::response;
+      reply.response.status = 201;
+      reply.response.body = "slow";
       co_return reply;
     };
   }
@@ -296,6 +320,7 @@ BOOST_AUTO_TEST_CASE(spec_C25_store_error_fail_open_forwards_unprotected) {
 }
 
 BOOST_AUTO_TEST_CASE(spec_C26_commit_failure_returns_the_response_and_keeps_the_lock) {
+  policy.commit_timeout = 0ms;  // one attempt
   store.fail_insert_at = 1;
   const auto req = request("k1");
   const FilterResult r = run(req, upstream(201, "paid"));
@@ -307,6 +332,69 @@ BOOST_AUTO_TEST_CASE(spec_C26_commit_failure_returns_the_response_and_keeps_the_
   const FilterResult retry = run(req, upstream(201));
   BOOST_TEST(static_cast<int>(retry.outcome) == static_cast<int>(Outcome::in_flight));
   BOOST_TEST(executions == 1);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C26_a_failed_commit_is_retried_with_the_lock_renewed_until_it_commits) {
+  // A failover: the first three inserts fail, the fourth reaches the new primary. The client's
+  // answer waits for it; the lock (lock_ttl far shorter than the retries) is renewed meanwhile.
+  policy.commit_timeout = 10s;
+  policy.lock_ttl = 60ms;
+  store.fail_insert_at = 1;
+  store.fail_inserts = 3;
+  const auto req = request("k1");
+  const auto started = std::chrono::steady_clock::now();
+  const FilterResult r = run(req, upstream(201, "paid"));
+  const auto took = std::chrono::steady_clock::now() - started;
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::executed));
+  BOOST_TEST(!r.record_commit_failed);
+  BOOST_TEST(r.response.body == "paid");
+  BOOST_TEST(store.insert_calls == 4);
+  BOOST_REQUIRE(store.get(req.id) != nullptr);
+  BOOST_TEST(store.get(req.id)->response.body == "paid");
+  BOOST_TEST(commit_failures == 0);
+  BOOST_TEST(store_errors ==
+             (std::vector<std::string>{"record commit", "record commit", "record commit"}));
+  // Backoff 50, 100, 200 ms, each jittered down to half at most.
+  BOOST_TEST(took >= 175ms);
+  BOOST_TEST(lock.renew_calls >= 2);
+  BOOST_TEST(lock.owner(req.id).empty());  // released after the commit
+  const FilterResult retry = run(req, upstream(201, "again"));
+  BOOST_TEST(static_cast<int>(retry.outcome) == static_cast<int>(Outcome::replayed));
+  BOOST_TEST(retry.response.body == "paid");
+  BOOST_TEST(executions == 1);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C26_a_commit_failing_past_commit_timeout_answers_unrecorded) {
+  policy.commit_timeout = 300ms;
+  store.fail_insert_at = 1;
+  store.fail_inserts = 1000;
+  const auto req = request("k1");
+  const auto started = std::chrono::steady_clock::now();
+  const FilterResult r = run(req, upstream(201, "paid"));
+  const auto took = std::chrono::steady_clock::now() - started;
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::executed));
+  BOOST_TEST(r.record_commit_failed);
+  BOOST_TEST(r.response.body == "paid");
+  BOOST_TEST(store.insert_calls >= 3);
+  BOOST_TEST(took >= 300ms);
+  BOOST_TEST(commit_failures == 1);
+  BOOST_TEST(!lock.owner(req.id).empty());  // kept until lock_ttl: quick retries get 409
+  const FilterResult retry = run(req, upstream(201));
+  BOOST_TEST(static_cast<int>(retry.outcome) == static_cast<int>(Outcome::in_flight));
+  BOOST_TEST(executions == 1);
+}
+
+BOOST_AUTO_TEST_CASE(a_lock_renewal_that_throws_is_reported_and_stopped_not_rethrown) {
+  // Before, the renewal task's completion rethrew into the io thread: the process ended.
+  policy.lock_ttl = 30ms;  // renewed every 10 ms while the upstream takes 100 ms
+  lock.before_renew = [] { throw std::runtime_error("renewal exploded"); };
+  const auto req = request("k1");
+  const FilterResult r = run(req, slow_upstream(100ms));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::executed));
+  BOOST_TEST(r.response.body == "slow");
+  BOOST_TEST(lock.renew_calls == 1);  // the renewal stopped at its first exception
+  BOOST_TEST(task_failures == (std::vector<std::string>{"lock renew: renewal exploded"}));
+  BOOST_REQUIRE(store.get(req.id) != nullptr);
 }
 
 BOOST_AUTO_TEST_CASE(spec_C29_large_body_is_stored_without_body_and_never_reexecuted) {
