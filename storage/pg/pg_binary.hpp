@@ -38,13 +38,22 @@ inline std::optional<std::int64_t> int8(std::string_view value) noexcept {
 inline constexpr std::chrono::sys_seconds kPostgresEpoch{std::chrono::seconds(946'684'800)};
 
 /// `timestamptz`: eight bytes of microseconds since kPostgresEpoch. std::nullopt for any other
-/// size.
+/// size, and for a time system_clock cannot hold: Postgres sends `infinity` and `-infinity` as
+/// the extreme int8 values and keeps years up to 294276, while a nanosecond system_clock ends
+/// in 2262.
 inline std::optional<std::chrono::system_clock::time_point> timestamptz(
     std::string_view value) noexcept {
+  using std::chrono::duration_cast;
+  using std::chrono::microseconds;
+  using Duration = std::chrono::system_clock::duration;
   const auto micros = int8(value);
   if (!micros) return std::nullopt;
-  return std::chrono::time_point_cast<std::chrono::system_clock::duration>(
-      kPostgresEpoch + std::chrono::microseconds(*micros));
+  // The range of system_clock in whole microseconds, counted from kPostgresEpoch.
+  const auto epoch = duration_cast<microseconds>(kPostgresEpoch.time_since_epoch());
+  const auto last = duration_cast<microseconds>(Duration::max()) - epoch;
+  const auto first = duration_cast<microseconds>(Duration::min()) - epoch;
+  if (*micros > last.count() || *micros < first.count()) return std::nullopt;
+  return std::chrono::time_point_cast<Duration>(kPostgresEpoch + microseconds(*micros));
 }
 
 }  // namespace idemgate::storage::pg::binary
