@@ -194,9 +194,14 @@ asio::awaitable<Attempt> exchange(Stream* stream, beast::tcp_stream* tcp, const 
       co_return attempt;
     }
     got_bytes = true;
-    const auto verdict = classify_response_header(parser->get().result_int());
+    const unsigned status = parser->get().result_int();
+    const auto verdict = classify_response_header(status);
     if (verdict == ResponseHeaderVerdict::refused) {
       attempt.detail = "the upstream switched protocols without being asked to";
+      co_return attempt;
+    }
+    if (verdict == ResponseHeaderVerdict::bad_status) {
+      attempt.detail = "the upstream sent status " + std::to_string(status) + ", under 100";
       co_return attempt;
     }
     if (verdict == ResponseHeaderVerdict::final_response) break;

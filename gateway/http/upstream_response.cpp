@@ -19,6 +19,7 @@ bool status_has_body(unsigned status) {
 }
 
 ResponseHeaderVerdict classify_response_header(unsigned status) {
+  if (status < 100) return ResponseHeaderVerdict::bad_status;
   if (status == 101) return ResponseHeaderVerdict::refused;
   if (status >= 200) return ResponseHeaderVerdict::final_response;
   return ResponseHeaderVerdict::interim;  // 1xx interim responses are not forwarded

@@ -35,6 +35,9 @@ enum class ResponseHeaderVerdict {
   final_response,  ///< status 200 or above: read its body, it is the answer
   interim,         ///< 1xx other than 101: dropped; the next response follows on the connection
   refused,         ///< 101: the upstream switched protocols without being asked → failure
+  /// 000-099, which the parser reads as three digits but no status is (RFC 9110 §15): the
+  /// message's framing is unknown (it may have a body), so the connection fails.
+  bad_status,
 };
 ResponseHeaderVerdict classify_response_header(unsigned status);
 
