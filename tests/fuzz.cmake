@@ -20,6 +20,8 @@ idemgate_fuzz_replay(config_loader LIBS idemgate_config)
 idemgate_fuzz_replay(request_framing
   SOURCES ${PROJECT_SOURCE_DIR}/gateway/request_identity.cpp
   LIBS idemgate_http)
+idemgate_fuzz_replay(upstream_response LIBS idemgate_http)
+idemgate_fuzz_replay(stored_record LIBS idemgate_pg)
 
 # Each crash or hang the fuzzers found, as a unit test of the behaviour that replaced it.
 idemgate_test(fuzz_regression_test unit

@@ -2,3 +2,4 @@
 idemgate_test(router_test unit SOURCES unit/router_test.cpp LIBS idemgate_http)
 idemgate_test(headers_test unit SOURCES unit/headers_test.cpp LIBS idemgate_http)
 idemgate_test(proxy_e2e_test e2e SOURCES http/proxy_e2e_test.cpp LIBS idemgate_http)
+idemgate_test(upstream_response_test unit SOURCES unit/upstream_response_test.cpp LIBS idemgate_http)

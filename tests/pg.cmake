@@ -8,3 +8,8 @@ idemgate_test(record_store_pg_test pg
 idemgate_test(record_store_batched_pg_test pg
   SOURCES storage/record_store_batched_pg_test.cpp
   LIBS idemgate_pg)
+
+# The row and header-blob decoding of the record store, without a server.
+idemgate_test(pg_record_codec_test unit
+  SOURCES unit/pg_record_codec_test.cpp
+  LIBS idemgate_pg)

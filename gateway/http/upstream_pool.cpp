@@ -19,9 +19,9 @@
 #include <optional>
 
 #include "gateway/http/body_reader.hpp"
-#include "gateway/http/headers.hpp"
 #include "gateway/http/json_log.hpp"
 #include "gateway/http/problem.hpp"
+#include "gateway/http/upstream_response.hpp"
 #include "gateway/http/use_nothrow.hpp"
 
 namespace idemgate::http {
@@ -63,16 +63,11 @@ struct UpstreamPool::UpstreamState {
 
 namespace {
 
-constexpr std::uint32_t kMaxResponseHeaderBytes = 64 * 1024;
 /// How long before the upstream's announced keep-alive end a pooled connection is retired (C08).
 constexpr auto kKeepAliveMargin = std::chrono::seconds(1);
 
 std::string server_key(const config::Server& server) {
   return server.host + ":" + std::to_string(server.port);
-}
-
-bool status_has_body(unsigned status) {
-  return !(status / 100 == 1 || status == 204 || status == 304);
 }
 
 // A non-blocking peek: EOF, an error or unsolicited bytes all mean the connection is unusable.
@@ -183,14 +178,11 @@ asio::awaitable<Attempt> exchange(Stream* stream, beast::tcp_stream* tcp, const 
   // Bounded: a chunk-size line or trailer section from the upstream must fit in it along with
   // the header section.
   beast::flat_buffer buffer{2 * kMaxResponseHeaderBytes};
-  std::optional<bhttp::response_parser<bhttp::string_body>> parser;
+  std::optional<ResponseParser> parser;
   bool got_bytes = false;
   for (;;) {
     parser.emplace();
-    parser->header_limit(kMaxResponseHeaderBytes);
-    parser->body_limit(max_body);
-    parser->skip(head);
-    check_chunk_extensions(*parser);  // RFC 9112 §7.1.1
+    prepare_response_parser(*parser, head, max_body);
     auto [ec, n] = co_await bhttp::async_read_header(*stream, buffer, *parser, use_nothrow);
     if (ec) {
       got_bytes = got_bytes || parser->got_some() || buffer.size() > 0;
@@ -206,11 +198,16 @@ asio::awaitable<Attempt> exchange(Stream* stream, beast::tcp_stream* tcp, const 
     }
     got_bytes = true;
     const unsigned status = parser->get().result_int();
-    if (status == 101) {
+    const auto verdict = classify_response_header(status);
+    if (verdict == ResponseHeaderVerdict::refused) {
       attempt.detail = "the upstream switched protocols without being asked to";
       co_return attempt;
     }
-    if (status >= 200) break;  // 1xx interim responses are not forwarded
+    if (verdict == ResponseHeaderVerdict::bad_status) {
+      attempt.detail = "the upstream sent status " + std::to_string(status) + ", under 100";
+      co_return attempt;
+    }
+    if (verdict == ResponseHeaderVerdict::final_response) break;
   }
 
   // Trailer fields of a chunked body are merged into the fields by the parser: keep the header.
@@ -228,21 +225,10 @@ asio::awaitable<Attempt> exchange(Stream* stream, beast::tcp_stream* tcp, const 
   tcp->expires_never();
 
   attempt.kind = Attempt::Kind::response;
-  attempt.reusable = parser->keep_alive() && !parser->need_eof() && buffer.size() == 0;
-  attempt.keep_alive = keep_alive_timeout(header);
-  Response& res = attempt.response;
-  res.base() = std::move(header);
-  res.body() = std::move(parser->get().body());
-  res.version(11);
-  strip_hop_by_hop(res.base());
-  res.erase("Idempotent-Replayed");
-  if (!head) {
-    if (status_has_body(res.result_int())) {
-      res.content_length(res.body().size());
-    } else {
-      res.erase(bhttp::field::content_length);
-    }
-  }
+  auto finished = finish_upstream_response(*parser, std::move(header), head, buffer.size());
+  attempt.reusable = finished.reusable;
+  attempt.keep_alive = finished.keep_alive;
+  attempt.response = std::move(finished.response);
   co_return attempt;
 }
 

@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "storage/pg/pg_record_codec.hpp"
+
 namespace idemgate::storage::pg {
 namespace {
 
@@ -45,84 +47,27 @@ constexpr Statement kDeleteExpired{"idemgate_delete_expired_records",
                                    " DELETE FROM idempotency_record r USING batch"
                                    " WHERE r.id = batch.id AND r.expires_at <= now()"};
 
-constexpr char kHeadersFormat = 1;
-
 std::string bytes_of(const core::Sha256& digest) {
   return {reinterpret_cast<const char*>(digest.data()), digest.size()};
 }
 
-void append_length(std::string& out, std::size_t length) {
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    out.push_back(static_cast<char>((length >> shift) & 0xff));
-  }
-}
-
-std::string encode_headers(const std::vector<core::HeaderField>& headers) {
-  std::size_t size = 1;
-  for (const auto& [name, value] : headers) size += 8 + name.size() + value.size();
-  std::string out;
-  out.reserve(size);
-  out.push_back(kHeadersFormat);
-  for (const auto& [name, value] : headers) {
-    append_length(out, name.size());
-    out += name;
-    append_length(out, value.size());
-    out += value;
-  }
-  return out;
-}
-
-std::optional<std::string_view> take_field(std::string_view& in) {
-  if (in.size() < 4) return std::nullopt;
-  std::size_t length = 0;
-  for (int i = 0; i < 4; ++i) length = (length << 8) | static_cast<unsigned char>(in[i]);
-  in.remove_prefix(4);
-  if (in.size() < length) return std::nullopt;
-  const auto field = in.substr(0, length);
-  in.remove_prefix(length);
-  return field;
-}
-
-std::optional<std::vector<core::HeaderField>> decode_headers(std::string_view in) {
-  if (in.empty() || in[0] != kHeadersFormat) return std::nullopt;
-  in.remove_prefix(1);
-  std::vector<core::HeaderField> headers;
-  while (!in.empty()) {
-    const auto name = take_field(in);
-    if (!name) return std::nullopt;
-    const auto value = take_field(in);
-    if (!value) return std::nullopt;
-    headers.emplace_back(std::string(*name), std::string(*value));
-  }
-  return headers;
-}
-
 // One row of kFindLive.
-boost::system::result<core::StoredRecord> decode_record(const PgResult& rows, int row,
-                                                        const core::Sha256& id) {
+boost::system::result<core::StoredRecord> read_record(const PgResult& rows, int row,
+                                                      const core::Sha256& id) {
   if (rows.columns() != 8) return store_errc::protocol;
-  core::StoredRecord record;
-  record.id = id;
-  record.route = std::string(rows.bytes(row, 0));
-  const auto fingerprint = rows.bytes(row, 1);
-  const auto status = rows.int4(row, 2);
-  auto headers = decode_headers(rows.bytes(row, 3));
-  const auto omitted = rows.boolean(row, 5);
-  const auto created = rows.timestamptz(row, 6);
-  const auto expires = rows.timestamptz(row, 7);
-  if (fingerprint.size() != record.fingerprint.size() || !status || *status < 100 ||
-      *status > 599 || !headers || !omitted || !created || !expires) {
+  RecordColumns columns;
+  std::optional<std::string_view>* fields[] = {
+      &columns.route, &columns.fingerprint,  &columns.status,     &columns.headers,
+      &columns.body,  &columns.body_omitted, &columns.created_at, &columns.expires_at};
+  for (int column = 0; column < 8; ++column) {
+    if (!rows.is_null(row, column)) *fields[column] = rows.bytes(row, column);
+  }
+  auto record = decode_record(columns, id);
+  if (!record) {
     spdlog::error("postgres: malformed idempotency_record row");
     return store_errc::protocol;
   }
-  std::copy(fingerprint.begin(), fingerprint.end(), record.fingerprint.begin());
-  record.response.status = static_cast<std::uint16_t>(*status);
-  record.response.headers = std::move(*headers);
-  record.response.body = std::string(rows.bytes(row, 4));
-  record.response.body_omitted = *omitted;
-  record.created_at = *created;
-  record.expires_at = *expires;
-  return record;
+  return std::move(*record);
 }
 
 std::vector<Param> insert_params(const core::StoredRecord& record, std::chrono::milliseconds ttl) {
@@ -148,7 +93,7 @@ asio::awaitable<boost::system::result<std::optional<core::StoredRecord>>> PgReco
   auto rows = co_await pool_.execute(kFindLive, std::move(params));
   if (!rows) co_return rows.error();
   if (rows->rows() == 0) co_return std::optional<core::StoredRecord>{};
-  auto record = decode_record(*rows, 0, id);
+  auto record = read_record(*rows, 0, id);
   if (!record) co_return record.error();
   co_return std::optional<core::StoredRecord>(std::move(*record));
 }
@@ -208,7 +153,7 @@ asio::awaitable<boost::system::result<core::InsertResult>> PgRecordStore::insert
     auto existing = co_await connection.execute(kFindLive, std::move(id_param), deadline);
     if (!existing) co_return existing.error();
     if (existing->rows() == 1) {
-      auto winner = decode_record(*existing, 0, record.id);
+      auto winner = read_record(*existing, 0, record.id);
       if (!winner) co_return winner.error();
       co_return core::InsertResult{false, std::move(*winner)};
     }

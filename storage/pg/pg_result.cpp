@@ -2,19 +2,9 @@
 
 #include <charconv>
 
+#include "storage/pg/pg_binary.hpp"
+
 namespace idemgate::storage::pg {
-namespace {
-
-std::uint64_t big_endian(std::string_view bytes) noexcept {
-  std::uint64_t value = 0;
-  for (const char c : bytes) value = (value << 8) | static_cast<unsigned char>(c);
-  return value;
-}
-
-// Postgres timestamps count from 2000-01-01T00:00:00Z.
-constexpr std::chrono::sys_seconds kPostgresEpoch{std::chrono::seconds(946'684'800)};
-
-}  // namespace
 
 int PgResult::rows() const noexcept {
   return result_ ? PQntuples(result_.get()) : 0;
@@ -42,38 +32,21 @@ std::string_view PgResult::bytes(int row, int column) const noexcept {
           static_cast<std::size_t>(PQgetlength(result_.get(), row, column))};
 }
 
-std::optional<std::string_view> PgResult::fixed(int row, int column,
-                                                std::size_t size) const noexcept {
-  if (is_null(row, column)) return std::nullopt;
-  const auto value = bytes(row, column);
-  if (value.size() != size) return std::nullopt;
-  return value;
-}
-
 std::optional<bool> PgResult::boolean(int row, int column) const noexcept {
-  const auto value = fixed(row, column, 1);
-  if (!value) return std::nullopt;
-  return (*value)[0] != 0;
+  return is_null(row, column) ? std::nullopt : binary::boolean(bytes(row, column));
 }
 
 std::optional<std::int32_t> PgResult::int4(int row, int column) const noexcept {
-  const auto value = fixed(row, column, 4);
-  if (!value) return std::nullopt;
-  return static_cast<std::int32_t>(static_cast<std::uint32_t>(big_endian(*value)));
+  return is_null(row, column) ? std::nullopt : binary::int4(bytes(row, column));
 }
 
 std::optional<std::int64_t> PgResult::int8(int row, int column) const noexcept {
-  const auto value = fixed(row, column, 8);
-  if (!value) return std::nullopt;
-  return static_cast<std::int64_t>(big_endian(*value));
+  return is_null(row, column) ? std::nullopt : binary::int8(bytes(row, column));
 }
 
 std::optional<std::chrono::system_clock::time_point> PgResult::timestamptz(
     int row, int column) const noexcept {
-  const auto micros = int8(row, column);
-  if (!micros) return std::nullopt;
-  return std::chrono::time_point_cast<std::chrono::system_clock::duration>(
-      kPostgresEpoch + std::chrono::microseconds(*micros));
+  return is_null(row, column) ? std::nullopt : binary::timestamptz(bytes(row, column));
 }
 
 }  // namespace idemgate::storage::pg

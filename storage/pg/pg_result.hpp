@@ -39,8 +39,6 @@ class PgResult {
   struct Clear {
     void operator()(PGresult* result) const noexcept { PQclear(result); }
   };
-  std::optional<std::string_view> fixed(int row, int column, std::size_t size) const noexcept;
-
   std::unique_ptr<PGresult, Clear> result_;
 };
 
