@@ -421,6 +421,8 @@ def cmd_check(args):
 
     # (a) every key answered 2xx replays the same answer and has its record in Postgres.
     answered = [k for k, v in keys.items() if v["first"] is not None]
+    # The records first: a replay that finds none executes again and writes a new one.
+    records = set(psql(args.pg_dsn, "SELECT encode(id, 'hex') FROM idempotency_record"))
     replay_bad = 0
     for key in answered:
         answer = keyed_post(client, key)
@@ -434,7 +436,6 @@ def cmd_check(args):
                 failures.append(f"final replay of {key}: {got}, first answer was {first[0]}")
     if replay_bad:
         failures.append(f"{replay_bad} of {len(answered)} final replays differ")
-    records = set(psql(args.pg_dsn, "SELECT encode(id, 'hex') FROM idempotency_record"))
     lost = [k for k in answered if record_id(k) not in records]
     if lost:
         failures.append(f"{len(lost)} keys answered 2xx have no record in Postgres "
