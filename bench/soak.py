@@ -454,9 +454,17 @@ def cmd_check(args):
     unexplained_200 = [k for k in answered if keys[k]["first"][0] == 200 and not keys[k]["uncertain"]]
     orphans = rows - set(answered)
     missing = [k for k in answered if k not in rows]
-    if existing > explained:
+    m = metrics(args.metrics)
+    # A Redis restart loses the locks of requests in flight: a retry may then execute again,
+    # the upstream's UNIQUE absorbs it and the gateway's insert finds the first record, so the
+    # client gets that one and idemgate_duplicate_executions_total rises (SPEC C36: Postgres is
+    # the arbiter, the lock only makes this rare). Reported, not a failure; a second execution
+    # that neither an uncertain answer nor a lost lock accounts for is one.
+    lost_locks = m["duplicates"] or 0
+    if existing > explained + lost_locks:
         failures.append(f"double executions: the upstream met an existing row {existing} times, "
-                        f"{explained} of them after an uncertain answer")
+                        f"{explained} of them after an uncertain answer and {lost_locks} after "
+                        f"a lost lock (C36)")
     if unexplained_200:
         failures.append(f"{len(unexplained_200)} keys were answered 200 (second execution) with "
                         f"no uncertain answer before (e.g. {unexplained_200[0]})")
@@ -465,10 +473,6 @@ def cmd_check(args):
                         f"(e.g. {sorted(orphans)[0]})")
     if missing:
         failures.append(f"{len(missing)} keys answered 2xx have no payment row (e.g. {missing[0]})")
-    m = metrics(args.metrics)
-    if m["duplicates"]:
-        failures.append(f"idemgate_duplicate_executions_total = {m['duplicates']} "
-                        f"(a lock lost while its request ran)")
 
     # (c) growth of RSS and descriptors.
     samples = state["samples"]
@@ -503,7 +507,8 @@ def cmd_check(args):
     print(f"upstream POSTs     " + " ".join(f"{s}={n}" for s, n in sorted(posts.items())))
     print(f"payment rows       {len(rows)} (distinct keys executed; {inserted} answered 201)")
     print(f"double executions  {existing} (upstream answered 200: existing row; after an uncertain "
-          f"answer: {explained} allowed)")
+          f"answer: {explained}, after a lost lock: {lost_locks}; every one absorbed by the "
+          f"upstream's UNIQUE)")
     print(f"duplicate counter  {m['duplicates']}; record commit failures {m['commit_failures']}")
     print(f"first/last sample  rss_kb {samples[0][0] if samples else '?'} → {samples[-1][0] if samples else '?'}, "
           f"fds {samples[0][1] if samples else '?'} → {samples[-1][1] if samples else '?'}")
