@@ -21,9 +21,11 @@ struct Cleaner::State {
         pool(io->get_executor(),
              {config.storage.postgres.dsn, 1, config.storage.postgres.operation_timeout, {}}),
         store(pool) {}
-  // Pending coroutine frames go first, while the pool and store they refer to still exist.
-  ~State() { io.reset(); }
-
+  // Members go in reverse order: the store and the pool first, closing their sockets and timers
+  // while the io_context's services exist; then the io_context, which destroys the pending
+  // coroutine frame. A frame never resumes again, and what it may hold refers to the pool only
+  // weakly (a Lease gives its connection back through a weak_ptr, else closes it). Destroying the
+  // io_context first left the pool's sockets to deregister from freed services at exit.
   std::unique_ptr<asio::io_context> io;
   std::chrono::milliseconds interval;
   int batch;
