@@ -36,6 +36,14 @@ std::chrono::milliseconds jittered(std::chrono::milliseconds d) {
   return std::chrono::milliseconds(pick(random));
 }
 
+/// Whether `stored` holds what `mine` would have stored: the same request and the same response.
+bool same_record(const StoredRecord& stored, const StoredRecord& mine) {
+  const auto& a = stored.response;
+  const auto& b = mine.response;
+  return stored.fingerprint == mine.fingerprint && a.status == b.status && a.headers == b.headers &&
+         a.body == b.body && a.body_omitted == b.body_omitted;
+}
+
 asio::awaitable<void> sleep_for(std::chrono::milliseconds d) {
   asio::steady_timer timer(co_await asio::this_coro::executor, d);
   co_await timer.async_wait(use_nothrow);
@@ -189,9 +197,17 @@ asio::awaitable<boost::system::result<InsertResult>> IdempotencyFilter::commit(
   // connection after a failure, so a retry after a failover reaches the new primary.
   const auto deadline = std::chrono::steady_clock::now() + policy.commit_timeout;
   auto backoff = kCommitBackoffFirst;
+  bool failed_before = false;
   for (;;) {
     auto inserted = co_await store_.insert(record, policy.ttl);
+    if (inserted && !inserted->inserted && inserted->existing && failed_before &&
+        same_record(*inserted->existing, record)) {
+      // An attempt reported as failed had committed (the connection broke before its answer
+      // came back): the row found is this request's own, not another execution's (C36).
+      co_return InsertResult{true, std::nullopt};
+    }
     if (inserted) co_return inserted;
+    failed_before = true;
     if (events_.store_error) events_.store_error("record commit", inserted.error());
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) co_return inserted;

@@ -19,9 +19,10 @@ class MemoryRecordStore final : public core::RecordStore {
   using Clock = std::chrono::system_clock;
 
   std::function<Clock::time_point()> now = [] { return Clock::now(); };
-  int fail_find_at = 0;    ///< 1-based call number of find() to fail; 0: never
-  int fail_insert_at = 0;  ///< 1-based call number of insert() to fail; 0: never
-  int fail_inserts = 1;    ///< how many insert() calls fail from fail_insert_at on
+  int fail_find_at = 0;                ///< 1-based call number of find() to fail; 0: never
+  int fail_insert_at = 0;              ///< 1-based call number of insert() to fail; 0: never
+  int fail_inserts = 1;                ///< how many insert() calls fail from fail_insert_at on
+  bool failed_inserts_commit = false;  ///< a failing insert() stores its record all the same
   boost::system::error_code failure = core::store_errc::unavailable;
   std::function<void()> before_find;
   std::function<void()> before_insert;
@@ -50,6 +51,7 @@ class MemoryRecordStore final : public core::RecordStore {
     if (before_insert) before_insert();
     if (fail_insert_at > 0 && insert_calls >= fail_insert_at &&
         insert_calls < fail_insert_at + fail_inserts) {
+      if (failed_inserts_commit) put(std::move(record), ttl);  // the answer was lost, not the row
       co_return failure;
     }
     co_return put(std::move(record), ttl);

@@ -364,6 +364,41 @@ BOOST_AUTO_TEST_CASE(spec_C26_a_failed_commit_is_retried_with_the_lock_renewed_u
   BOOST_TEST(executions == 1);
 }
 
+BOOST_AUTO_TEST_CASE(spec_C26_a_retried_commit_that_finds_its_own_row_is_not_a_duplicate) {
+  // The first insert commits but its answer is lost (Postgres killed right after COMMIT): the
+  // retry finds this request's own row, which is no second execution (C36 stays at 0).
+  store.fail_insert_at = 1;
+  store.failed_inserts_commit = true;
+  const auto req = request("k1");
+  const FilterResult r = run(req, upstream(201, "paid"));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::executed));
+  BOOST_TEST(!r.duplicate_execution);
+  BOOST_TEST(!r.record_commit_failed);
+  BOOST_TEST(r.response.body == "paid");
+  BOOST_TEST(duplicates == 0);
+  BOOST_TEST(store.insert_calls == 2);
+  BOOST_TEST(lock.owner(req.id).empty());
+
+  // Another execution's row is still a duplicate, retried commit or not.
+  const auto other = request("k2");
+  store.fail_insert_at = store.insert_calls + 1;
+  store.before_insert = [&] {
+    if (store.insert_calls == store.fail_insert_at + 1) {
+      StoredRecord rec;
+      rec.id = other.id;
+      rec.fingerprint = other.fingerprint;
+      rec.response.status = 201;
+      rec.response.body = "first";
+      store.put(rec, 1h);
+    }
+  };
+  store.failed_inserts_commit = false;
+  const FilterResult d = run(other, upstream(201, "second"));
+  BOOST_TEST(d.duplicate_execution);
+  BOOST_TEST(d.response.body == "first");
+  BOOST_TEST(duplicates == 1);
+}
+
 BOOST_AUTO_TEST_CASE(spec_C26_a_commit_failing_past_commit_timeout_answers_unrecorded) {
   policy.commit_timeout = 300ms;
   store.fail_insert_at = 1;
