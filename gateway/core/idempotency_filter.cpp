@@ -36,6 +36,24 @@ std::chrono::milliseconds jittered(std::chrono::milliseconds d) {
   return std::chrono::milliseconds(pick(random));
 }
 
+/// The record that stores `response` for `request`; its body is left out past
+/// max_stored_response (C29).
+StoredRecord record_of(const KeyedRequest& request, const StoredResponse& response,
+                       const RoutePolicy& policy) {
+  StoredRecord record;
+  record.id = request.id;
+  record.route = request.route;
+  record.fingerprint = request.fingerprint;
+  record.response.status = response.status;
+  record.response.headers = response.headers;
+  if (response.body.size() > policy.max_stored_response) {
+    record.response.body_omitted = true;
+  } else {
+    record.response.body = response.body;
+  }
+  return record;
+}
+
 /// Whether `stored` holds what `mine` would have stored: the same request and the same response.
 bool same_record(const StoredRecord& stored, const StoredRecord& mine) {
   const auto& a = stored.response;
@@ -192,16 +210,17 @@ asio::awaitable<FilterResult> IdempotencyFilter::run(RoutePolicy policy, KeyedRe
 }
 
 asio::awaitable<boost::system::result<InsertResult>> IdempotencyFilter::commit(
-    const RoutePolicy& policy, StoredRecord record) {
+    const RoutePolicy& policy, const KeyedRequest& request, const StoredResponse& response) {
   // C26: the insert is idempotent (ON CONFLICT), and the store sends each attempt on a fresh
   // connection after a failure, so a retry after a failover reaches the new primary.
   const auto deadline = std::chrono::steady_clock::now() + policy.commit_timeout;
   auto backoff = kCommitBackoffFirst;
   bool failed_before = false;
   for (;;) {
-    auto inserted = co_await store_.insert(record, policy.ttl);
+    // Built per attempt: the store takes its record by value, and the retries need the response.
+    auto inserted = co_await store_.insert(record_of(request, response, policy), policy.ttl);
     if (inserted && !inserted->inserted && inserted->existing && failed_before &&
-        same_record(*inserted->existing, record)) {
+        same_record(*inserted->existing, record_of(request, response, policy))) {
       // An attempt reported as failed had committed (the connection broke before its answer
       // came back): the row found is this request's own, not another execution's (C36).
       co_return InsertResult{true, std::nullopt};
@@ -297,19 +316,8 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
     co_return result;
   }
 
-  StoredRecord record;
-  record.id = request.id;
-  record.route = request.route;
-  record.fingerprint = request.fingerprint;
-  record.response.status = reply.response.status;
-  record.response.headers = reply.response.headers;
-  if (reply.response.body.size() > policy.max_stored_response) {
-    record.response.body_omitted = true;
-  } else {
-    record.response.body = reply.response.body;
-  }
   result.response = std::move(reply.response);
-  auto inserted = co_await commit(policy, std::move(record));
+  auto inserted = co_await commit(policy, request, result.response);
   stop_renewal();
   if (!inserted) {
     // C26: the upstream executed; the client gets its answer, the lock stays until lock_ttl so

@@ -126,9 +126,10 @@ class IdempotencyFilter {
                                                       const KeyedRequest& request,
                                                       const std::string& token,
                                                       const Forward& forward);
-  /// Inserts `record`, retrying a failure until policy.commit_timeout (C26).
-  boost::asio::awaitable<boost::system::result<InsertResult>> commit(const RoutePolicy& policy,
-                                                                     StoredRecord record);
+  /// Inserts the record of `response` for `request`, retrying a failure until
+  /// policy.commit_timeout (C26).
+  boost::asio::awaitable<boost::system::result<InsertResult>> commit(
+      const RoutePolicy& policy, const KeyedRequest& request, const StoredResponse& response);
   boost::asio::awaitable<FilterResult> on_store_error(const RoutePolicy& policy, const char* what,
                                                       boost::system::error_code ec,
                                                       const Forward& forward);
