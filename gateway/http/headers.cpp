@@ -125,6 +125,10 @@ std::string format_http_date(std::chrono::system_clock::time_point t) {
   return out;
 }
 
+bool status_has_body(unsigned status) {
+  return !(status / 100 == 1 || status == 204 || status == 304);
+}
+
 bool valid_chunk_extensions(std::string_view ext) {
   // RFC 9110 §5.6.2 tchar, §5.6.4 qdtext and quoted-pair (obs-text is %x80-FF).
   const auto tchar = [](unsigned char c) {

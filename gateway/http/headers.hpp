@@ -50,6 +50,9 @@ std::optional<std::chrono::seconds> keep_alive_timeout(const Fields& fields);
 /// Locale-independent.
 std::string format_http_date(std::chrono::system_clock::time_point t);
 
+/// False for the statuses that never have a body (1xx, 204, 304; RFC 9110 §6.4.1).
+bool status_has_body(unsigned status);
+
 /// Whether `extensions` (what follows the chunk size on a chunk-size line, CRLF excluded) is a
 /// valid chunk-ext of RFC 9112 §7.1.1: *( BWS ";" BWS name [ BWS "=" BWS ( token /
 /// quoted-string ) ] ), names tokens, quoted strings of qdtext and quoted-pairs (RFC 9110

@@ -46,10 +46,6 @@ constexpr std::size_t kReadChunk = 4096;
 constexpr auto kLingerTime = std::chrono::seconds(2);
 constexpr std::size_t kLingerMaxBytes = 1024 * 1024;
 
-bool status_has_body(unsigned status) {
-  return !(status / 100 == 1 || status == 204 || status == 304);
-}
-
 /// The problem a parse error is answered with; nullopt for errors of the connection itself
 /// (EOF, reset, timeout), which end it silently.
 std::optional<Problem> problem_for(const boost::system::error_code& ec) {

@@ -16,10 +16,6 @@ void prepare_response_parser(ResponseParser& parser, bool head, std::size_t max_
   check_chunk_extensions(parser);  // RFC 9112 §7.1.1
 }
 
-bool status_has_body(unsigned status) {
-  return !(status / 100 == 1 || status == 204 || status == 304);
-}
-
 ResponseHeaderVerdict classify_response_header(unsigned status) {
   if (status < 100) return ResponseHeaderVerdict::bad_status;
   if (status == 101) return ResponseHeaderVerdict::refused;

@@ -28,9 +28,6 @@ inline constexpr std::uint32_t kMaxResponseHeaderBytes = 64 * 1024;
 /// checked against RFC 9112 §7.1.1 (check_chunk_extensions: bad_chunk_extension).
 void prepare_response_parser(ResponseParser& parser, bool head, std::size_t max_body);
 
-/// False for the statuses that never have a body (1xx, 204, 304; RFC 9110 §6.4.1).
-bool status_has_body(unsigned status);
-
 /// What a complete response header means for the exchange.
 enum class ResponseHeaderVerdict {
   final_response,  ///< status 200 or above: read its body, it is the answer
