@@ -138,8 +138,10 @@ void process(bhttp::request<bhttp::string_body> req, const config::Config& cfg) 
               route->match.methods.end(),
           "method matched");
   }
-  const std::string_view name = http::host_without_port(host);
+  std::string_view name = http::host_without_port(host);
   check(name.size() <= host.size(), "a host name is part of the Host value");
+  // The FQDN form "a.example.com." names the same host as "a.example.com" (the router's rule).
+  if (!name.empty() && name.back() == '.') name.remove_suffix(1);
   const std::string_view want = route->match.host;
   if (want.starts_with("*.")) {
     const std::string_view suffix = want.substr(1);
