@@ -80,6 +80,14 @@ class ThreadHandler final : public http::RequestHandler {
   asio::awaitable<http::HandlerResult> handle(http::Exchange exchange) override {
     return handler_.handle(std::move(exchange));
   }
+  bool holds(const config::Route& route,
+             const boost::beast::http::request_header<>& header) const override {
+    return handler_.holds(route, header);
+  }
+  http::UpstreamPool* streaming_pool() override { return &upstreams_; }
+  void strip_owned_fields(boost::beast::http::response_header<>& header) const override {
+    handler_.strip_owned_fields(header);
+  }
 
  private:
   static storage::pg::PgPool::Options pool_options(const config::Config& config) {
@@ -147,6 +155,13 @@ int run_gateway(const std::string& config_path, bool migrate) {
   http::SessionObservers observers;
   observers.connection_opened = [&metrics] { metrics.connection_opened(); };
   observers.connection_closed = [&metrics] { metrics.connection_closed(); };
+  observers.tunnel = [&metrics](bool opened) {
+    if (opened) {
+      metrics.tunnel_opened();
+    } else {
+      metrics.tunnel_closed();
+    }
+  };
   observers.request_done = [&metrics](std::string_view route, std::string_view outcome,
                                       std::chrono::microseconds upstream_time) {
     metrics.count_request(route, outcome);

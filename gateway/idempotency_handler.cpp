@@ -144,6 +144,32 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::pass_through(http::Exch
   co_return result;
 }
 
+bool IdempotencyHandler::holds(const config::Route& route,
+                               const bhttp::request_header<>& header) const {
+  const config::Idempotency& idem = route.idempotency;
+  if (idem.mode == config::IdempotencyMode::off ||
+      !method_listed(idem.methods, header.method_string())) {
+    return false;
+  }
+  if (idem.mode == config::IdempotencyMode::required) return true;
+  switch (idem.key_source.kind) {
+    case config::KeySource::Kind::header:
+      return header.count(idem.key_source.header) > 0;
+    case config::KeySource::Kind::headers:
+      return std::any_of(idem.key_source.headers.begin(), idem.key_source.headers.end(),
+                         [&](const std::string& name) { return header.count(name) > 0; });
+    case config::KeySource::Kind::json_pointer:
+      return true;
+  }
+  return true;
+}
+
+void IdempotencyHandler::strip_owned_fields(bhttp::response_header<>& header) const {
+  header.erase(kReplayedField);
+  header.erase(kBodyOmittedField);
+  header.erase(kStatusField);
+}
+
 asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange exchange) {
   http::Request& req = exchange.request;
   // The gateway owns these fields: a client cannot make a first response look like a replay.

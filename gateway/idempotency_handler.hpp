@@ -35,6 +35,14 @@ class IdempotencyHandler final : public http::RequestHandler {
 
   boost::asio::awaitable<http::HandlerResult> handle(http::Exchange exchange) override;
 
+  /// True when the contract may apply (SPEC C38): a route with mode optional/required and a
+  /// method in `methods`, unless the route is optional, its key comes from header fields and
+  /// none of them is present. A key read from the body (json_pointer) needs the body.
+  bool holds(const config::Route& route,
+             const boost::beast::http::request_header<>& header) const override;
+  /// Removes Idempotent-Replayed, Idempotent-Body-Omitted and Idempotency-Status (C16).
+  void strip_owned_fields(boost::beast::http::response_header<>& header) const override;
+
  private:
   boost::asio::awaitable<http::HandlerResult> pass_through(http::Exchange exchange,
                                                            const char* outcome);

@@ -83,7 +83,12 @@ Metrics::Metrics()
                            .Name("idemgate_in_flight_locks")
                            .Help("In-flight locks held by this process now")
                            .Register(*registry_)
-                           .Add({})) {}
+                           .Add({})),
+      open_tunnels_(prometheus::BuildGauge()
+                        .Name("idemgate_open_tunnels")
+                        .Help("Upgrade tunnels (WebSocket) open now (C40)")
+                        .Register(*registry_)
+                        .Add({})) {}
 
 void Metrics::count_request(std::string_view route, std::string_view outcome) {
   requests_.Add({{"route", std::string(route)}, {"outcome", std::string(outcome)}}).Increment();
@@ -120,6 +125,14 @@ void Metrics::count_record_commit_failure() {
 
 void Metrics::connection_opened() {
   open_connections_.Increment();
+}
+
+void Metrics::tunnel_opened() {
+  open_tunnels_.Increment();
+}
+
+void Metrics::tunnel_closed() {
+  open_tunnels_.Decrement();
 }
 
 void Metrics::connection_closed() {

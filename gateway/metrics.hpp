@@ -34,6 +34,7 @@ namespace idemgate {
 ///   `postgres` (op find, insert) or `redis` (op try_acquire, renew, release).
 /// - counters `idemgate_lock_contention_total`, `idemgate_duplicate_executions_total` (C36),
 ///   `idemgate_record_commit_failures_total` (C26), `idemgate_cleanup_deleted_total` (C24).
+/// - gauge `idemgate_open_tunnels` (upgrade tunnels open now, C40).
 /// - gauges `idemgate_open_connections` (client connections) and `idemgate_in_flight_locks`
 ///   (in-flight locks held by this process, including ones kept on purpose until their lock_ttl).
 ///
@@ -59,6 +60,9 @@ class Metrics {
   void count_task_failure(std::string_view task);
   void connection_opened();
   void connection_closed();
+  /// idemgate_open_tunnels (SPEC C40).
+  void tunnel_opened();
+  void tunnel_closed();
   void lock_taken();
   void lock_freed();
 
@@ -81,6 +85,7 @@ class Metrics {
   prometheus::Counter& cleanup_deleted_;
   prometheus::Gauge& open_connections_;
   prometheus::Gauge& in_flight_locks_;
+  prometheus::Gauge& open_tunnels_;
 
   std::mutex render_mutex_;
   std::function<std::uint64_t()> cleanup_source_;

@@ -34,6 +34,13 @@ struct Limits {
   Duration header_read_timeout = std::chrono::seconds(10);
   Duration idle_timeout = std::chrono::seconds(60);
   Duration drain_timeout = std::chrono::seconds(30);
+  /// Bytes held per direction of a streamed exchange (SPEC C38): one read or write at a time.
+  std::size_t stream_buffer = 64 * 1024;
+  /// Largest streamed request body (SPEC C38); 0: no limit. A Content-Length above it → 413, a
+  /// chunked body that passes it is cut.
+  std::size_t max_streamed_body = 0;
+  /// A tunnel (SPEC C40) in which no byte moved either way for this long is closed.
+  Duration tunnel_idle_timeout = std::chrono::minutes(5);
 };
 
 struct Postgres {
@@ -140,6 +147,8 @@ struct Route {
   Match match;
   std::string upstream;  ///< a key of Config::upstreams (checked by the loader)
   Idempotency idempotency;
+  /// Protocols a client may upgrade to on this route (SPEC C40): only "websocket" exists.
+  std::vector<std::string> upgrade;
 };
 
 struct Config {

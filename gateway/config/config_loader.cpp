@@ -528,13 +528,17 @@ void Loader::listen(const Field& f, Listen& out, bool is_admin) {
 void Loader::limits(const Field& f) {
   const Map m(*this, f,
               {"max_request_body", "max_header_bytes", "header_read_timeout", "idle_timeout",
-               "drain_timeout"});
+               "drain_timeout", "stream_buffer", "max_streamed_body", "tunnel_idle_timeout"});
   Limits& l = config_->limits;
   if (auto v = m.get("max_request_body")) l.max_request_body = size(*v, 0, GiB);
   if (auto v = m.get("max_header_bytes")) l.max_header_bytes = size(*v, KiB, MiB);
   if (auto v = m.get("header_read_timeout")) l.header_read_timeout = duration(*v, 10ms, 10min);
   if (auto v = m.get("idle_timeout")) l.idle_timeout = duration(*v, 10ms, 24h);
   if (auto v = m.get("drain_timeout")) l.drain_timeout = duration(*v, 0ms, 10min);
+  if (auto v = m.get("stream_buffer")) l.stream_buffer = size(*v, KiB, 16 * MiB);
+  if (auto v = m.get("max_streamed_body"))
+    l.max_streamed_body = size(*v, 1, std::numeric_limits<std::size_t>::max());
+  if (auto v = m.get("tunnel_idle_timeout")) l.tunnel_idle_timeout = duration(*v, 10ms, 24h);
 }
 
 void Loader::storage(const Field& f) {
@@ -658,7 +662,7 @@ void Loader::routes(const Field& f) {
   if (items.empty()) fail(f, "at least one route is required");
   std::vector<std::pair<std::string, int>> names;  // name, line
   for (const Field& item : items) {
-    const Map m(*this, item, {"name", "match", "upstream", "idempotency"});
+    const Map m(*this, item, {"name", "match", "upstream", "idempotency", "upgrade"});
     Route route;
     const Field name = m.require("name");
     route.name = non_empty(name);
@@ -683,6 +687,17 @@ void Loader::routes(const Field& f) {
     }
 
     if (auto v = m.get("idempotency")) idempotency(*v, route);
+    if (auto v = m.get("upgrade")) {
+      // SPEC C40: WebSocket is the one protocol tunnelled; h2c and the rest stay hop-by-hop.
+      route.upgrade = tokens(*v, "protocol", true);
+      for (auto& protocol : route.upgrade) {
+        protocol = to_lower(protocol);
+        if (protocol != "websocket") {
+          fail(*v, "the only protocol that can be upgraded to is websocket, got " +
+                       in_quotes(protocol));
+        }
+      }
+    }
     config_->routes.push_back(std::move(route));
   }
 }

@@ -58,11 +58,30 @@ class Forwarder {
                                                         Request request) = 0;
 };
 
+class UpstreamPool;
+
 /// Decides what to answer for one routed request. One instance per io thread.
 class RequestHandler {
  public:
   virtual ~RequestHandler() = default;
   virtual boost::asio::awaitable<HandlerResult> handle(Exchange exchange) = 0;
+
+  /// Whether the handler needs the whole request in memory (body read and bounded by
+  /// `max_request_body`) to decide; asked with the header as the client sent it. When false
+  /// and streaming_pool() is set, the session streams the exchange itself (SPEC C38) and
+  /// handle() is not called.
+  virtual bool holds(const config::Route& /*route*/,
+                     const boost::beast::http::request_header<>& /*header*/) const {
+    return true;
+  }
+
+  /// The thread's upstream pool for streamed exchanges and tunnels (SPEC C38, C40); null: every
+  /// request goes through handle().
+  virtual UpstreamPool* streaming_pool() { return nullptr; }
+
+  /// Removes from a streamed response's header the fields the handler owns (SPEC C16: they
+  /// never come from an upstream).
+  virtual void strip_owned_fields(boost::beast::http::response_header<>& /*header*/) const {}
 };
 
 }  // namespace idemgate::http

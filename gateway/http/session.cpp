@@ -27,6 +27,7 @@
 #include "gateway/http/headers.hpp"
 #include "gateway/http/json_log.hpp"
 #include "gateway/http/problem.hpp"
+#include "gateway/http/relay.hpp"
 #include "gateway/http/router.hpp"
 #include "gateway/http/use_nothrow.hpp"
 
@@ -114,8 +115,6 @@ void finalize_response(Response& res, unsigned version, bool keep_alive, bool he
   res.keep_alive(keep_alive);
 }
 
-using TlsStream = beast::ssl_stream<beast::tcp_stream>;
-
 /// Session over a plain (beast::tcp_stream) or TLS (TlsStream) stream; timeouts and closing act
 /// on the TCP layer underneath.
 template <class Stream>
@@ -136,6 +135,12 @@ class BasicSession final : public Session {
   beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
   asio::awaitable<bool> serve_one(beast::flat_buffer& buffer,
                                   std::shared_ptr<const config::Config> config);
+  /// A routed request that the handler does not hold, streamed (SPEC C38) or tunnelled (C40).
+  asio::awaitable<bool> stream_one(beast::flat_buffer& buffer,
+                                   bhttp::request_parser<bhttp::string_body>& parser,
+                                   const config::Config& config, const config::Route& route,
+                                   const config::Upstream& upstream, Clock::time_point started,
+                                   std::chrono::system_clock::time_point started_wall);
   asio::awaitable<void> lingering_close();
 
   Stream stream_;
@@ -335,6 +340,29 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
     }
   }
 
+  // Routed by the header alone; what the handler does not need whole is streamed (C38, C40).
+  bool routed = false;
+  if (!reject) {
+    const auto& hdr = parser.get();
+    const std::string_view t(hdr.target().data(), hdr.target().size());
+    route = match(*config, hdr[bhttp::field::host], target_path(t), hdr.method_string());
+    routed = true;
+    UpstreamPool* const pool = context_->handler->streaming_pool();
+    const auto upstream = route ? config->upstreams.find(route->upstream) : config->upstreams.end();
+    if (pool && upstream != config->upstreams.end() && !context_->handler->holds(*route, hdr)) {
+      const auto length = parser.content_length();
+      if (limits.max_streamed_body > 0 && length && *length > limits.max_streamed_body) {
+        reject = Problem::payload_too_large;
+        reject_detail = "the request body (" + std::to_string(*length) +
+                        " bytes) exceeds max_streamed_body (" +
+                        std::to_string(limits.max_streamed_body) + " bytes)";
+      } else {
+        co_return co_await stream_one(buffer, parser, *config, *route, upstream->second, started,
+                                      started_wall);
+      }
+    }
+  }
+
   if (!reject && !parser.is_done()) {
     const auto expect = parser.get()[bhttp::field::expect];
     if (version >= 11 && beast::iequals(expect, "100-continue")) {
@@ -368,7 +396,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
     result.outcome = "rejected";
   } else {
     keep_alive = request.keep_alive() && !close_after_response_ && !context_->draining;
-    route = match(*config, request[bhttp::field::host], target_path(target), method);
+    if (!routed) route = match(*config, request[bhttp::field::host], target_path(target), method);
     const auto upstream = route ? config->upstreams.find(route->upstream) : config->upstreams.end();
     if (!route) {
       result.response =
@@ -444,6 +472,122 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
   if (context_->observers.request_done) {
     context_->observers.request_done(route ? std::string_view(route->name) : std::string_view(),
                                      result.outcome, result.upstream_time);
+  }
+  co_return keep_alive;
+}
+
+template <class Stream>
+asio::awaitable<bool> BasicSession<Stream>::stream_one(
+    beast::flat_buffer& buffer, bhttp::request_parser<bhttp::string_body>& parser,
+    const config::Config& config, const config::Route& route, const config::Upstream& upstream,
+    Clock::time_point started, std::chrono::system_clock::time_point started_wall) {
+  const auto& limits = config.limits;
+  auto& header = parser.get();
+  const unsigned version = header.version();
+  const bool head = header.method() == bhttp::verb::head;
+  const std::string method(header.method_string());
+  const std::string target(header.target());
+  const bool client_keep_alive =
+      header.keep_alive() && !close_after_response_ && !context_->draining;
+  const bool websocket =
+      std::find(route.upgrade.begin(), route.upgrade.end(), "websocket") != route.upgrade.end() &&
+      asks_websocket_upgrade(header);
+
+  if (!parser.is_done() && version >= 11 &&
+      beast::iequals(header[bhttp::field::expect], "100-continue")) {
+    bhttp::response<bhttp::empty_body> interim{bhttp::status::continue_, 11};
+    lowest().expires_after(limits.idle_timeout);
+    auto [wec, wn] = co_await bhttp::async_write(stream_, interim, use_nothrow);
+    if (wec) co_return false;
+  }
+  strip_hop_by_hop(header);
+  header.erase(bhttp::field::expect);
+  header.erase("Idempotent-Replayed");
+  add_forwarding_fields(header, client_ip_, kTls ? "https" : "http");
+
+  StreamRequestParser streamed{std::move(parser)};
+  streamed.on_chunk_header(chunk_extension_check);  // RFC 9112 §7.1.1, C03
+  // No configured limit is 2^63-1 bytes: a chunk size beyond it is no body anyone sends.
+  streamed.body_limit(limits.max_streamed_body > 0
+                          ? static_cast<std::uint64_t>(limits.max_streamed_body)
+                          : static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
+
+  RelayRequest request{ByteStream(stream_)};
+  request.client_buffer = &buffer;
+  request.parser = &streamed;
+  request.client_version = version;
+  request.client_keep_alive = client_keep_alive;
+  request.head = head;
+  request.websocket = websocket;
+  request.limits = &limits;
+  request.upstream = &upstream;
+  request.pool = context_->handler->streaming_pool();
+  request.handler = context_->handler;
+  request.tunnel_observer = context_->observers.tunnel;
+  state_ = State::busy;
+  RelayOutcome outcome = co_await relay(std::move(request));
+
+  bool written = outcome.written;
+  unsigned status = outcome.status;
+  // A client body that breaks its framing (C03) or passes max_streamed_body (C38) before any
+  // response byte: the upstream's connection is already gone (the exchange is cut); the client
+  // gets 400 or 413 and its connection closes.
+  if (outcome.request_error && status == 0 && !outcome.problem) {
+    if (const auto problem = problem_for(outcome.request_error)) {
+      outcome.problem = make_problem(*problem,
+                                     outcome.request_error == bhttp::error::body_limit
+                                         ? "the request body exceeds max_streamed_body (" +
+                                               std::to_string(limits.max_streamed_body) + " bytes)"
+                                         : problem_detail(*problem, limits, outcome.request_error),
+                                     version, false);
+      outcome.keep_alive = false;
+      outcome.outcome = "rejected";
+    }
+  }
+  if (outcome.problem) {
+    Response& res = *outcome.problem;
+    finalize_response(res, version, outcome.keep_alive, head);
+    status = res.result_int();
+    lowest().expires_after(limits.idle_timeout);
+    auto [ec, n] = co_await bhttp::async_write(stream_, res, use_nothrow);
+    written = !ec;
+    if (ec) outcome.keep_alive = false;
+    // The rest of a body the upstream never took may still be arriving.
+    if (!streamed.is_done()) reject_pending_input_ = true;
+    if (outcome.outcome == "upstream_error") {
+      log_json(spdlog::level::warn, "upstream failed",
+               {{"route", route.name}, {"upstream", upstream.name}, {"detail", res.body()}});
+    }
+  }
+  const bool keep_alive = outcome.keep_alive && !close_after_response_ && !context_->draining;
+
+  const auto total = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
+  if (!outcome.cut.empty()) {
+    log_json(spdlog::level::warn, outcome.tunnel ? "tunnel cut" : "stream cut",
+             {{"route", route.name},
+              {"method", method},
+              {"target", target},
+              {"client", client_ip_},
+              {"detail", outcome.cut}});
+  }
+  boost::json::object line{{"time", format_rfc3339(started_wall)},
+                           {"route", route.name},
+                           {"method", method},
+                           {"target", target},
+                           {"status", status},
+                           {"outcome", outcome.outcome},
+                           {"key_hash", ""},
+                           {"upstream_ms", to_ms(outcome.upstream_time)},
+                           {"total_ms", to_ms(total)},
+                           {"client", client_ip_},
+                           {"written", written}};
+  if (outcome.tunnel) {
+    line["bytes_in"] = outcome.bytes_in;
+    line["bytes_out"] = outcome.bytes_out;
+  }
+  log_json(spdlog::level::info, "access", std::move(line));
+  if (context_->observers.request_done) {
+    context_->observers.request_done(route.name, outcome.outcome, outcome.upstream_time);
   }
   co_return keep_alive;
 }

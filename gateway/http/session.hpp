@@ -28,6 +28,8 @@ struct SessionObservers {
   std::function<void(std::string_view route, std::string_view outcome,
                      std::chrono::microseconds upstream_time)>
       request_done;
+  /// A tunnel opened (true) or ended (false) (SPEC C40, `idemgate_open_tunnels`).
+  std::function<void(bool opened)> tunnel;
 };
 
 /// What the sessions of one io thread share. Owned by the Server; used on that thread only.

@@ -286,6 +286,105 @@ void UpstreamPool::put_idle(UpstreamState& state, const config::Upstream& upstre
   state.idle.push_back(std::move(connection));
 }
 
+UpstreamPool::UpstreamState* UpstreamPool::state_for(const config::Upstream& upstream,
+                                                     std::string& error) {
+  auto& slot = upstreams_[upstream.name];
+  if (!slot) slot = std::make_unique<UpstreamState>();
+  UpstreamState& state = *slot;
+  if (!upstream.tls) {
+    state.tls = nullptr;
+  } else if (!state.tls || state.tls_ca_file != upstream.tls_ca_file) {
+    // First use, or a reload changed the CA: pooled connections keep the context they had.
+    state.tls = make_client_tls(upstream, error);
+    state.tls_ca_file = upstream.tls_ca_file;
+    if (!state.tls) return nullptr;
+  }
+  return &state;
+}
+
+namespace {
+void delete_connection(UpstreamPool::Connection* connection) {
+  delete connection;
+}
+}  // namespace
+
+ByteStream UpstreamPool::stream_of(Connection& connection) {
+  return connection.tls_stream ? ByteStream(*connection.tls_stream) : ByteStream(*connection.plain);
+}
+
+asio::awaitable<UpstreamPool::Lease> UpstreamPool::lease(const config::Upstream& upstream_ref,
+                                                         bool allow_pooled) {
+  // A copy: the reference is only promised until the first suspension.
+  const config::Upstream upstream = upstream_ref;
+  Lease out;
+  out.connection = {nullptr, &delete_connection};
+  UpstreamState* const state = state_for(upstream, out.detail);
+  if (!state) co_return out;
+  const std::size_t count = upstream.servers.size();
+  const std::size_t first = count == 0 ? 0 : state->next_server++ % count;
+  std::string last_error = "the upstream has no servers";
+  for (std::size_t i = 0; i < count; ++i) {
+    const config::Server server = upstream.servers[(first + i) % count];
+    const auto key = server_key(server);
+    if (allow_pooled) {
+      if (auto idle = take_idle(*state, key)) {
+        out.connection.reset(idle.release());
+        out.pooled = true;
+        out.server = server;
+        co_return out;
+      }
+    }
+    auto connection = std::make_unique<Connection>(executor_, key, state->tls);
+    const auto ec = co_await open(connection.get(), server, upstream);
+    if (ec) {
+      // Nothing was written: the next server may take it (C08).
+      last_error = key + ": " + ec.message();
+      continue;
+    }
+    out.connection.reset(connection.release());
+    out.server = server;
+    co_return out;
+  }
+  out.detail =
+      "no server of upstream " + upstream.name + " accepted a connection (" + last_error + ")";
+  co_return out;
+}
+
+asio::awaitable<UpstreamPool::Lease> UpstreamPool::reconnect(const config::Upstream& upstream_ref,
+                                                             config::Server server) {
+  const config::Upstream upstream = upstream_ref;
+  Lease out;
+  out.connection = {nullptr, &delete_connection};
+  out.server = server;
+  UpstreamState* const state = state_for(upstream, out.detail);
+  if (!state) co_return out;
+  const auto key = server_key(server);
+  auto connection = std::make_unique<Connection>(executor_, key, state->tls);
+  const auto ec = co_await open(connection.get(), server, upstream);
+  if (ec) {
+    out.detail =
+        "upstream " + upstream.name + " (" + key + "): reconnecting failed: " + ec.message();
+    co_return out;
+  }
+  out.connection.reset(connection.release());
+  co_return out;
+}
+
+void UpstreamPool::give_back(const config::Upstream& upstream, Lease lease,
+                             std::optional<std::chrono::seconds> keep_alive) {
+  if (!lease.connection) return;
+  std::string error;
+  UpstreamState* const state = state_for(upstream, error);
+  if (!state) return;
+  auto keep = std::chrono::duration_cast<Clock::duration>(upstream.idle_timeout);
+  if (keep_alive) keep = std::min<Clock::duration>(keep, *keep_alive - kKeepAliveMargin);
+  if (keep <= Clock::duration::zero()) return;
+  std::unique_ptr<Connection> connection(lease.connection.release());
+  connection->tcp().expires_never();
+  connection->idle_deadline = Clock::now() + keep;
+  put_idle(*state, upstream, std::move(connection));
+}
+
 asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& upstream_ref,
                                                      Request request) {
   // A copy: the reference is only promised until the first suspension.
@@ -300,22 +399,14 @@ asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& ups
     request.content_length(request.body().size());
   }
 
-  auto& slot = upstreams_[upstream.name];
-  if (!slot) slot = std::make_unique<UpstreamState>();
-  UpstreamState& state = *slot;
-  if (!upstream.tls) {
-    state.tls = nullptr;
-  } else if (!state.tls || state.tls_ca_file != upstream.tls_ca_file) {
-    // First use, or a reload changed the CA: pooled connections keep the context they had.
-    std::string error;
-    state.tls = make_client_tls(upstream, error);
-    state.tls_ca_file = upstream.tls_ca_file;
-    if (!state.tls) {
-      result.kind = ForwardResult::Kind::not_reached;
-      result.detail = std::move(error);
-      co_return result;
-    }
+  std::string tls_error;
+  UpstreamState* const state_ptr = state_for(upstream, tls_error);
+  if (!state_ptr) {
+    result.kind = ForwardResult::Kind::not_reached;
+    result.detail = std::move(tls_error);
+    co_return result;
   }
+  UpstreamState& state = *state_ptr;
 
   // An HTTP/1.0 client may omit Host, which an HTTP/1.1 request must carry (RFC 9112 §3.2).
   const bool client_sent_host = request.count(bhttp::field::host) > 0;

@@ -3,11 +3,14 @@
 // C09), and the plain forwarding RequestHandler.
 
 #include <boost/asio/any_io_executor.hpp>
+#include <chrono>
 #include <cstddef>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "gateway/http/byte_stream.hpp"
 #include "gateway/http/handler.hpp"
 
 namespace idemgate::http {
@@ -52,8 +55,35 @@ class UpstreamPool final : public Forwarder {
 
   struct Connection;  ///< one upstream connection, plain or TLS (defined in the .cpp)
 
+  /// A connection lent for one streamed exchange or tunnel (SPEC C38, C40); give it back with
+  /// give_back() when its response ended cleanly, or let it go (closed) otherwise.
+  struct Lease {
+    std::unique_ptr<Connection, void (*)(Connection*)> connection{nullptr, nullptr};
+    /// Taken from the idle pool: the upstream may have closed it as the request went out; a
+    /// failure before the first response byte may then be retried once on reconnect() (C08).
+    bool pooled = false;
+    config::Server server;  ///< the server it is connected to
+    std::string detail;     ///< why there is no connection, when `connection` is null
+  };
+
+  /// A connection to one of `upstream`'s servers: round robin, the next server only after a
+  /// connect failure (C08); an idle pooled one when `allow_pooled`. Never throws for network
+  /// errors: a null `connection` and a `detail` instead.
+  boost::asio::awaitable<Lease> lease(const config::Upstream& upstream, bool allow_pooled);
+  /// A fresh connection to `server` of `upstream` (the C08 retry of a stale pooled connection).
+  boost::asio::awaitable<Lease> reconnect(const config::Upstream& upstream, config::Server server);
+  /// Returns a connection whose last response ended cleanly (complete, keep-alive, nothing read
+  /// past it) to the idle pool; `keep_alive` is the upstream's `Keep-Alive: timeout=N`.
+  void give_back(const config::Upstream& upstream, Lease lease,
+                 std::optional<std::chrono::seconds> keep_alive);
+  /// The byte stream of a leased connection.
+  static ByteStream stream_of(Connection& connection);
+
  private:
   struct UpstreamState;
+  /// The pool state of `upstream`, with its TLS context (re)built when needed; null with
+  /// `error` set when the CA file cannot be loaded.
+  UpstreamState* state_for(const config::Upstream& upstream, std::string& error);
   std::unique_ptr<Connection> take_idle(UpstreamState& state, const std::string& server);
   void put_idle(UpstreamState& state, const config::Upstream& upstream,
                 std::unique_ptr<Connection> connection);

@@ -1,0 +1,66 @@
+#pragma once
+// One connection's byte stream, plain TCP or TLS over TCP, behind one non-template type, so that
+// the streaming relay and the upgrade tunnel (SPEC C38, C40) are written once for the four
+// pairings of client and upstream connections. It models Asio's AsyncReadStream and
+// AsyncWriteStream (Beast's http::async_read/async_write accept it) and forwards each operation
+// to the stream underneath without wrapping the completion handler.
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
+#include <boost/system/error_code.hpp>
+#include <cstddef>
+#include <utility>
+
+namespace idemgate::http {
+
+using TlsStream = boost::beast::ssl_stream<boost::beast::tcp_stream>;
+
+/// A non-owning view of a plain or TLS connection. Timeouts are set on tcp() (Beast's
+/// tcp_stream expiry covers the TLS layer's reads and writes too). Copyable; the streams it
+/// points to must outlive every copy.
+class ByteStream {
+ public:
+  using executor_type = boost::asio::any_io_executor;
+
+  explicit ByteStream(boost::beast::tcp_stream& plain) : tcp_(&plain) {}
+  explicit ByteStream(TlsStream& tls) : tcp_(&boost::beast::get_lowest_layer(tls)), tls_(&tls) {}
+
+  executor_type get_executor() { return tcp_->get_executor(); }
+  /// The TCP layer: expiry (timeouts), close, the socket.
+  boost::beast::tcp_stream& tcp() { return *tcp_; }
+  bool is_tls() const { return tls_ != nullptr; }
+
+  template <class MutableBufferSequence, class Token>
+  auto async_read_some(const MutableBufferSequence& buffers, Token&& token) {
+    return boost::asio::async_initiate<Token, void(boost::system::error_code, std::size_t)>(
+        [this](auto handler, const MutableBufferSequence& b) {
+          if (tls_) {
+            tls_->async_read_some(b, std::move(handler));
+          } else {
+            tcp_->async_read_some(b, std::move(handler));
+          }
+        },
+        token, buffers);
+  }
+
+  template <class ConstBufferSequence, class Token>
+  auto async_write_some(const ConstBufferSequence& buffers, Token&& token) {
+    return boost::asio::async_initiate<Token, void(boost::system::error_code, std::size_t)>(
+        [this](auto handler, const ConstBufferSequence& b) {
+          if (tls_) {
+            tls_->async_write_some(b, std::move(handler));
+          } else {
+            tcp_->async_write_some(b, std::move(handler));
+          }
+        },
+        token, buffers);
+  }
+
+ private:
+  boost::beast::tcp_stream* tcp_;
+  TlsStream* tls_ = nullptr;
+};
+
+}  // namespace idemgate::http

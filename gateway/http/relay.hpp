@@ -1,0 +1,97 @@
+#pragma once
+// The streaming relay (SPEC C38) and the upgrade tunnel (SPEC C40): a request the idempotency
+// contract does not apply to is passed to the upstream and its response back to the client as
+// the bytes arrive, with at most `limits.stream_buffer` bytes held per direction, and a 101 to a
+// WebSocket upgrade becomes a byte tunnel.
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/buffer_body.hpp>
+#include <boost/beast/http/message.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "gateway/config/config.hpp"
+#include "gateway/http/byte_stream.hpp"
+#include "gateway/http/handler.hpp"
+#include "gateway/http/upstream_pool.hpp"
+
+namespace idemgate::http {
+
+using StreamRequestParser = boost::beast::http::request_parser<boost::beast::http::buffer_body>;
+
+/// One streamed exchange, as the session hands it over.
+struct RelayRequest {
+  explicit RelayRequest(ByteStream client_stream) : client(client_stream) {}
+  ByteStream client;  ///< the client connection
+  /// The session's read buffer: bytes of the request body (or, for a tunnel, of the new
+  /// protocol) that arrived with the header are taken from it.
+  boost::beast::flat_buffer* client_buffer = nullptr;
+  /// The header is parsed, hop-by-hop fields are removed and forwarding fields added; the body
+  /// is still to be read. Its body limit is `max_streamed_body` (body_limit → cut).
+  StreamRequestParser* parser = nullptr;
+  unsigned client_version = 11;
+  bool client_keep_alive = true;  ///< the client's wish and the server's (not draining)
+  bool head = false;
+  /// The client asked to upgrade to WebSocket on a route that allows it (C40): the request goes
+  /// out with `Connection: upgrade` and `Upgrade: websocket`, and a 101 opens a tunnel.
+  bool websocket = false;
+  const config::Limits* limits = nullptr;
+  const config::Upstream* upstream = nullptr;
+  UpstreamPool* pool = nullptr;
+  RequestHandler* handler = nullptr;  ///< strip_owned_fields on the response header
+  /// Called when a tunnel opens (true) and closes (false), for the open-tunnels gauge.
+  std::function<void(bool)> tunnel_observer;
+};
+
+/// How a streamed exchange ended: what the session logs and counts.
+struct RelayOutcome {
+  /// When nothing was written to the client: the problem response to send (502/504, C05).
+  std::optional<Response> problem;
+  unsigned status = 0;          ///< the status written to the client (0 when `problem` is set)
+  std::string outcome;          ///< passthrough, upstream_error or tunnel
+  bool written = false;         ///< the response (or the tunnel's end) reached the client whole
+  bool keep_alive = false;      ///< the client connection may carry the next request
+  bool tunnel = false;          ///< a 101 was relayed and the tunnel has ended
+  std::uint64_t bytes_in = 0;   ///< tunnel: bytes from the client to the upstream
+  std::uint64_t bytes_out = 0;  ///< tunnel: bytes from the upstream to the client
+  /// Time to the upstream's response header (connect, request, wait), zero when not reached.
+  std::chrono::microseconds upstream_time{0};
+  /// The error that ended reading the request body, if one did (a framing error of the client's
+  /// body → the session answers 400 when nothing was written yet, C03).
+  boost::system::error_code request_error;
+  /// Why the exchange was cut after its response began (timeout, a side closed, the body limit);
+  /// empty when it ended normally. The session logs it.
+  std::string cut;
+};
+
+/// Relays one request and its response (SPEC C38) or tunnel (C40).
+///
+/// - A request body of known length up to `stream_buffer` is read first and may be sent twice:
+///   on a pooled connection that the upstream closed before answering it is retried once on a
+///   fresh connection (C08). A longer or chunked body is streamed on a fresh connection, piece
+///   by piece (chunked to the upstream when it came chunked).
+/// - Timeouts: each client read or write must progress within `limits.idle_timeout`, each
+///   upstream read or write within the upstream's `idle_timeout`; the response header must
+///   arrive within `request_timeout` of the request's end (else 504). A side that waits for the
+///   other side's progress is not idle: only one read or write is pending at a time.
+/// - The response keeps the upstream's Content-Length when it has one; otherwise it goes out
+///   chunked to an HTTP/1.1 client and delimited by closing the connection to an HTTP/1.0 one
+///   (C03). Hop-by-hop fields and the handler's owned fields are removed, Date set, Via added.
+/// - An upstream failure before the response header → `problem` (502 upstream-unreachable or
+///   upstream-failed, 504 upstream-timeout). Any failure after it → the client connection is
+///   closed with the response visibly incomplete, and `cut` says why.
+/// - A tunnel relays bytes both ways until a side closes, a read or write fails, or nothing
+///   moved for `limits.tunnel_idle_timeout`; the client connection then closes.
+/// Never throws for network errors.
+boost::asio::awaitable<RelayOutcome> relay(RelayRequest request);
+
+/// Whether a request header asks to upgrade to WebSocket (SPEC C40, RFC 6455 §4.1): GET,
+/// `Connection` lists `upgrade`, `Upgrade` lists `websocket` (case-insensitive).
+bool asks_websocket_upgrade(const boost::beast::http::request_header<>& header);
+
+}  // namespace idemgate::http
