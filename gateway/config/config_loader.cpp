@@ -536,8 +536,7 @@ void Loader::limits(const Field& f) {
   if (auto v = m.get("idle_timeout")) l.idle_timeout = duration(*v, 10ms, 24h);
   if (auto v = m.get("drain_timeout")) l.drain_timeout = duration(*v, 0ms, 10min);
   if (auto v = m.get("stream_buffer")) l.stream_buffer = size(*v, KiB, 16 * MiB);
-  if (auto v = m.get("max_streamed_body"))
-    l.max_streamed_body = size(*v, 1, std::numeric_limits<std::size_t>::max());
+  if (auto v = m.get("max_streamed_body")) l.max_streamed_body = size(*v, 1, 1024 * GiB);
   if (auto v = m.get("tunnel_idle_timeout")) l.tunnel_idle_timeout = duration(*v, 10ms, 24h);
 }
 

@@ -401,6 +401,36 @@ BOOST_AUTO_TEST_CASE(spec_C04_C07_limits_are_read_with_max_header_bytes) {
              "t.yaml:12: limits.max_header_bytes: must be between 1KiB and 1MiB, got 100");
 }
 
+BOOST_AUTO_TEST_CASE(spec_C38_C40_streaming_limits_have_defaults_and_ranges) {
+  const auto d = load(kBase);
+  BOOST_TEST(d->limits.stream_buffer == 64u * 1024u);
+  BOOST_TEST(d->limits.max_streamed_body == 0u);  // no limit
+  BOOST_TEST(
+      std::chrono::duration_cast<std::chrono::seconds>(d->limits.tunnel_idle_timeout).count() ==
+      300);
+  const auto c = load(kBase +
+                      "limits: { stream_buffer: 16KiB, max_streamed_body: 10GiB, "
+                      "tunnel_idle_timeout: 2s }\n");
+  BOOST_TEST(c->limits.stream_buffer == 16u * 1024u);
+  BOOST_TEST(c->limits.max_streamed_body == 10ull * 1024u * 1024u * 1024u);
+  BOOST_TEST(c->limits.tunnel_idle_timeout.count() == 2000);
+  BOOST_TEST(error_of(kBase + "limits: { stream_buffer: 100 }\n") ==
+             "t.yaml:12: limits.stream_buffer: must be between 1KiB and 16MiB, got 100");
+  BOOST_TEST(error_of(kBase + "limits: { max_streamed_body: 0B }\n") ==
+             "t.yaml:12: limits.max_streamed_body: must be between 1B and 1024GiB, got 0B");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C40_route_upgrade_takes_websocket_only) {
+  BOOST_TEST(load(kBase)->routes.at(0).upgrade.empty());
+  const auto c =
+      load(replace(kBase, "    upstream: app\n", "    upstream: app\n    upgrade: [WebSocket]\n"));
+  BOOST_TEST(c->routes.at(0).upgrade == std::vector<std::string>{"websocket"});
+  BOOST_TEST(
+      error_of(replace(kBase, "    upstream: app\n", "    upstream: app\n    upgrade: [h2c]\n")) ==
+      "t.yaml:10: routes[0].upgrade: the only protocol that can be upgraded to is "
+      "websocket, got \"h2c\"");
+}
+
 BOOST_AUTO_TEST_CASE(ports_are_1_to_65535_and_listeners_may_take_0) {
   BOOST_TEST(error_of(replace(kBase, "port: 0 }", "port: 65536 }")) ==
              "t.yaml:1: listen.port: must be between 0 and 65535, got 65536");
