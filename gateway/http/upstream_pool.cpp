@@ -48,6 +48,9 @@ struct UpstreamPool::Connection {
 
   std::string server;  ///< "host:port"
   Clock::time_point idle_deadline{};
+  /// While pooled (plain TCP): set by the read wait armed on the idle socket, cleared when the
+  /// connection is taken; the wait's completion checks it through a weak pointer.
+  std::shared_ptr<bool> idle_watch;
   std::shared_ptr<asio::ssl::context> tls;  ///< set for a TLS upstream; outlives tls_stream
   std::optional<beast::tcp_stream> plain;   ///< exactly one of plain and tls_stream is set
   std::optional<TlsStream> tls_stream;
@@ -270,6 +273,16 @@ std::unique_ptr<UpstreamPool::Connection> UpstreamPool::take_idle(UpstreamState&
     if (state.idle[i]->server != server) continue;
     auto connection = std::move(state.idle[i]);
     state.idle.erase(state.idle.begin() + static_cast<std::ptrdiff_t>(i));
+    if (connection->idle_watch) {
+      // Plain TCP: the armed read wait would have dropped a closed connection already; stop it
+      // (no syscall) and reuse the connection as it is.
+      *connection->idle_watch = false;
+      connection->idle_watch.reset();
+      boost::system::error_code ignored;
+      connection->tcp().socket().cancel(ignored);
+      return connection;
+    }
+    // TLS: a close_notify or any record is only seen by looking.
     if (!peer_closed(connection->tcp().socket())) return connection;
   }
   return nullptr;
@@ -282,6 +295,21 @@ void UpstreamPool::put_idle(UpstreamState& state, const config::Upstream& upstre
   std::erase_if(state.idle, [&](const auto& c) { return c->idle_deadline <= now; });
   while (state.idle.size() >= static_cast<std::size_t>(upstream.max_idle_connections)) {
     state.idle.pop_front();
+  }
+  if (!connection->tls_stream) {
+    // An idle connection keeps a read wait armed: EOF, a reset or stray bytes from the upstream
+    // complete it and the connection leaves the pool at once, so taking one later costs no
+    // syscall to check it (C08 still retries one that closes as the request goes out).
+    auto watch = std::make_shared<bool>(true);
+    connection->idle_watch = watch;
+    Connection* const raw = connection.get();
+    raw->tcp().socket().async_wait(
+        tcp::socket::wait_read,
+        [&state, raw, weak = std::weak_ptr<bool>(watch)](const boost::system::error_code&) {
+          const auto armed = weak.lock();
+          if (!armed || !*armed) return;  // taken for a request, or already destroyed
+          std::erase_if(state.idle, [raw](const auto& c) { return c.get() == raw; });
+        });
   }
   state.idle.push_back(std::move(connection));
 }

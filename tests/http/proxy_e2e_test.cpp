@@ -4,6 +4,7 @@
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -20,6 +21,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -72,8 +74,8 @@ struct Recorded {
 /// A small HTTP/1.1 server on 127.0.0.1:0 answering by the last path segment:
 /// echo, chunked, hop, error500, head, nocontent, ka1 (Keep-Alive: timeout=1), drop-next (answers,
 /// then drops the next request on that connection unanswered), close (closes unanswered),
-/// close-after (answers, then closes), reset (resets unanswered), slow (never answers), gate
-/// (answers once released).
+/// close-after (answers, then closes), close-later (answers, closes 200 ms later), reset (resets
+/// unanswered), slow (never answers), gate (answers once released).
 class TestUpstream {
  public:
   TestUpstream() : acceptor_(io_, tcp::endpoint(asio::ip::address_v4::loopback(), 0)) {
@@ -137,7 +139,8 @@ class TestUpstream {
 
   static std::string response_for(const std::string& name,
                                   const bhttp::request<bhttp::string_body>& req) {
-    if (name == "echo" || name == "drop-next" || name == "close-after" || name == "gate") {
+    if (name == "echo" || name == "drop-next" || name == "close-after" || name == "close-later" ||
+        name == "gate") {
       return "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Upstream-Method: " +
              std::string(req.method_string()) +
              "\r\nContent-Length: " + std::to_string(req.body().size()) + "\r\n\r\n" + req.body();
@@ -214,7 +217,12 @@ class TestUpstream {
       auto [wec, wn] = co_await asio::async_write(stream, asio::buffer(raw), use_nothrow);
       if (wec) co_return;
       if (name == "drop-next") drop_next = true;
-      if (name == "close-after" || !req.keep_alive()) {
+      if (name == "close-later") {
+        // Like an upstream's keep-alive timer running out while the connection sits idle.
+        asio::steady_timer later(io_, std::chrono::milliseconds(200));
+        co_await later.async_wait(use_nothrow);
+      }
+      if (name == "close-after" || name == "close-later" || !req.keep_alive()) {
         stream.socket().shutdown(tcp::socket::shutdown_both, ec);
         co_return;
       }
@@ -898,6 +906,37 @@ BOOST_FIXTURE_TEST_CASE(spec_C08_connection_the_upstream_closed_while_idle_is_no
   BOOST_TEST(res.result_int() == 200u);
   BOOST_TEST(res.body() == "2");
   BOOST_TEST(a.accepted() == 2);
+}
+
+BOOST_FIXTURE_TEST_CASE(spec_C08_a_pooled_connection_the_upstream_closes_leaves_the_pool_unasked,
+                        Env) {
+  // The idle connection's armed read wait sees the upstream's FIN: the connection leaves the pool
+  // with no request needing it (and no probe when one is taken).
+  asio::io_context io;
+  idemgate::http::UpstreamPool pool(io.get_executor());
+  const config::Upstream upstream = cfg->upstreams.at("main");
+  std::optional<idemgate::http::ForwardResult> result;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        idemgate::http::Request req{bhttp::verb::post, "/u/close-later", 11};
+        req.set(bhttp::field::host, "gateway.test");
+        req.body() = "x";
+        req.prepare_payload();
+        result = co_await pool.forward(upstream, std::move(req));
+      },
+      asio::detached);
+  while (!result && io.run_one_for(10s) > 0) {
+  }
+  BOOST_REQUIRE(result.has_value());
+  BOOST_TEST(result->response.result_int() == 200u);
+  BOOST_TEST(pool.idle_connections("main") == 1u);  // pooled; the upstream closes it 200 ms later
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (pool.idle_connections("main") != 0 && std::chrono::steady_clock::now() < deadline) {
+    io.run_for(20ms);
+    io.restart();
+  }
+  BOOST_TEST(pool.idle_connections("main") == 0u);
 }
 
 BOOST_FIXTURE_TEST_CASE(spec_C08_upstream_keep_alive_timeout_limits_pooling, Env) {
