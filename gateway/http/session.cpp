@@ -429,18 +429,9 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
   if (wec) keep_alive = false;
 
   const auto total = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
-  log_json(spdlog::level::info, "access",
-           {{"time", format_rfc3339(started_wall)},
-            {"route", route ? route->name : ""},
-            {"method", method},
-            {"target", target},
-            {"status", res.result_int()},
-            {"outcome", result.outcome},
-            {"key_hash", result.key_hash},
-            {"upstream_ms", to_ms(result.upstream_time)},
-            {"total_ms", to_ms(total)},
-            {"client", client_ip_},
-            {"written", !wec}});
+  log_access(started_wall, route ? std::string_view(route->name) : std::string_view(), method,
+             target, res.result_int(), result.outcome, result.key_hash, to_ms(result.upstream_time),
+             to_ms(total), client_ip_, !wec);
   if (context_->observers.request_done) {
     context_->observers.request_done(route ? std::string_view(route->name) : std::string_view(),
                                      result.outcome, result.upstream_time);
