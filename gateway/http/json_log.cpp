@@ -199,6 +199,10 @@ struct Slot {
 
 std::atomic<std::uint64_t> next_sink_id{1};
 
+/// Set by log_access around its call into the logger: an access line may wait for the writer's
+/// next round; any other line (rare: start-up, reloads, the cleaner, failures) wakes it at once.
+thread_local bool access_line = false;
+
 /// The calling thread's slot of the sink with this id (a thread logs to one sink at a time).
 struct ThreadSlot {
   std::uint64_t sink_id = 0;
@@ -217,8 +221,8 @@ struct ThreadSlot {
 };
 
 /// See make_batched_logger. Every thread appends its lines to a slot of its own; one writer
-/// thread takes them all every kInterval (at once for a warning or when a slot holds
-/// kBatchBytes) and writes them with as few write(2) calls as it can.
+/// thread takes them all every kInterval (at once for a line other than an access line, or when
+/// a slot holds kBatchBytes) and writes them with as few write(2) calls as it can.
 class BatchingSink final : public spdlog::sinks::sink {
  public:
   static constexpr std::size_t kBatchBytes = 32 * 1024;
@@ -255,7 +259,7 @@ class BatchingSink final : public spdlog::sinks::sink {
       slot.lines.append(line.data(), line.size());
       full = slot.lines.size() >= kBatchBytes;
     }
-    if (full || msg.level >= spdlog::level::warn) wake();
+    if (full || !access_line || msg.level >= spdlog::level::warn) wake();
   }
 
   /// Blocks until every line logged before the call has been written (at most kFlushWait).
@@ -403,7 +407,9 @@ void log_access(std::chrono::system_clock::time_point time, std::string_view rou
   append_key(line, "client");
   append_string(line, client);
   append(line, written ? ",\"written\":true}" : ",\"written\":false}");
+  access_line = true;
   logger->log(spdlog::level::info, spdlog::string_view_t(line.data(), line.size()));
+  access_line = false;
 }
 
 std::unique_ptr<spdlog::formatter> make_json_formatter() {

@@ -31,8 +31,10 @@ void log_access(std::chrono::system_clock::time_point time, std::string_view rou
 
 /// A logger that writes JSON lines (make_json_formatter) to `fd` (stderr; a test's pipe) without
 /// making the logging thread wait for it: each thread appends its lines to a buffer of its own
-/// and one writer thread writes them, batched, every 50 ms, at once when a buffer holds 32 KiB or
-/// a line is a warning or worse, and on flush() or the logger's destruction. Lines never
+/// and one writer thread writes them. Access lines (log_access) are batched: written every
+/// 50 ms, or when a buffer holds 32 KiB; any other line (warnings, start-up, reloads, the
+/// cleaner's rounds) wakes the writer at once; all are written on flush() and when the logger is
+/// destroyed. Lines never
 /// interleave; a thread's lines keep their order. A thread whose buffer already holds 1 MiB
 /// (`fd` blocked or too slow) drops its new lines: they are counted, and the count is written as
 /// a `warning` line `{"msg":"log lines dropped: …","dropped":N}` once the writer catches up.
