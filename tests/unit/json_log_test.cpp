@@ -105,7 +105,7 @@ const std::string kAwkward = std::string("q\"b\\s/\b\f\n\r\t\x01\x1f\x7f é ") +
 BOOST_AUTO_TEST_CASE(spec_C32_access_line_is_byte_for_byte_the_log_json_line) {
   const auto started =
       std::chrono::system_clock::time_point(std::chrono::milliseconds(1769860800123));
-  for (const std::string route : {std::string("payments"), std::string(), kAwkward}) {
+  for (const std::string& route : {std::string("payments"), std::string(), kAwkward}) {
     Capture capture;
     log_json(spdlog::level::info, "access",
              {{"time", idemgate::http::format_rfc3339(started)},
