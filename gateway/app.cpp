@@ -1,6 +1,5 @@
 #include "gateway/app.hpp"
 
-#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <algorithm>
 #include <boost/asio/co_spawn.hpp>
@@ -113,10 +112,8 @@ class ThreadHandler final : public http::RequestHandler {
 }  // namespace
 
 void setup_logging() {
-  auto logger = spdlog::stderr_logger_mt("idemgate");
-  logger->set_formatter(http::make_json_formatter());
-  logger->flush_on(spdlog::level::trace);
-  spdlog::set_default_logger(std::move(logger));
+  // Batched: an io thread never waits for stderr (json_log.hpp); the process flushes at exit.
+  spdlog::set_default_logger(http::make_batched_logger("idemgate"));
 }
 
 bool run_migrations(const std::shared_ptr<const config::Config>& config) {
@@ -235,7 +232,10 @@ int run_gateway(const std::string& config_path, bool migrate) {
   cleaner.stop();
   server.reset();
   admin_server.reset();
+  // Every line of the run before the last one, whichever thread logged it.
+  spdlog::default_logger_raw()->flush();
   log_json(spdlog::level::info, "stopped", {{"status", status}});
+  spdlog::default_logger_raw()->flush();
   return status;
 }
 

@@ -2,6 +2,7 @@
 
 #include <prometheus/text_serializer.h>
 
+#include <atomic>
 #include <boost/asio/this_coro.hpp>
 #include <sstream>
 
@@ -27,7 +28,39 @@ double seconds(std::chrono::nanoseconds d) {
   return std::chrono::duration<double>(d).count();
 }
 
+std::atomic<std::uint64_t> next_metrics_id{1};
+
+template <class T>
+using ByName = std::map<std::string, T, std::less<>>;
+
+/// `map[key]`, made by `make()` when missing; looked up without building a std::string.
+template <class T, class Make>
+T& find_or_make(ByName<T>& map, std::string_view key, Make make) {
+  auto it = map.find(key);
+  if (it == map.end()) it = map.emplace(std::string(key), make()).first;
+  return it->second;
+}
+
 }  // namespace
+
+/// Children of the label-bearing families this thread has used: the addresses Family::Add
+/// returned (stable: a family keeps its children until it is destroyed, and none is removed).
+struct Metrics::ThreadCache {
+  std::uint64_t owner = 0;
+  ByName<ByName<prometheus::Counter*>> requests;  // route → outcome
+  ByName<prometheus::Histogram*> upstream;        // route
+  ByName<ByName<prometheus::Histogram*>> store;   // store → op
+};
+
+Metrics::ThreadCache& Metrics::thread_cache() {
+  thread_local ThreadCache cache;
+  if (cache.owner != id_) {
+    // Another instance used this thread before (tests make several): start over.
+    cache = ThreadCache{};
+    cache.owner = id_;
+  }
+  return cache;
+}
 
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
@@ -88,19 +121,32 @@ Metrics::Metrics()
                         .Name("idemgate_open_tunnels")
                         .Help("Upgrade tunnels (WebSocket) open now (C40)")
                         .Register(*registry_)
-                        .Add({})) {}
+                        .Add({})),
+      id_(next_metrics_id++) {}
 
 void Metrics::count_request(std::string_view route, std::string_view outcome) {
-  requests_.Add({{"route", std::string(route)}, {"outcome", std::string(outcome)}}).Increment();
+  auto* counter = find_or_make(
+      find_or_make(thread_cache().requests, route, [] { return ByName<prometheus::Counter*>{}; }),
+      outcome, [&] {
+        return &requests_.Add({{"route", std::string(route)}, {"outcome", std::string(outcome)}});
+      });
+  counter->Increment();
 }
 
 void Metrics::observe_upstream(std::string_view route, std::chrono::microseconds duration) {
-  upstream_duration_.Add({{"route", std::string(route)}}, upstream_buckets())
-      .Observe(seconds(duration));
+  auto* histogram = find_or_make(thread_cache().upstream, route, [&] {
+    return &upstream_duration_.Add({{"route", std::string(route)}}, upstream_buckets());
+  });
+  histogram->Observe(seconds(duration));
 }
 
 void Metrics::observe_store(const char* store, const char* op, std::chrono::nanoseconds duration) {
-  store_duration_.Add({{"store", store}, {"op", op}}, store_buckets()).Observe(seconds(duration));
+  auto* histogram = find_or_make(
+      find_or_make(thread_cache().store, store, [] { return ByName<prometheus::Histogram*>{}; }),
+      op, [&] {
+        return &store_duration_.Add({{"store", store}, {"op", op}}, store_buckets());
+      });
+  histogram->Observe(seconds(duration));
 }
 
 void Metrics::count_lock_contention() {

@@ -40,7 +40,9 @@ namespace idemgate {
 ///
 /// @par Thread safety
 /// Every member is thread-safe (prometheus-cpp metrics are atomic; families lock to add a label
-/// set).
+/// set). The per-request observations (count_request, observe_upstream, observe_store) look a
+/// label set up in the family once per thread and keep the metric's address in a cache of that
+/// thread, so they never take the family's lock again for it (children are never removed).
 class Metrics {
  public:
   Metrics();
@@ -89,6 +91,11 @@ class Metrics {
 
   std::mutex render_mutex_;
   std::function<std::uint64_t()> cleanup_source_;
+
+  struct ThreadCache;
+  /// The calling thread's cache of this instance's children.
+  ThreadCache& thread_cache();
+  const std::uint64_t id_;  ///< unique per instance: a thread's cache never outlives its owner
 };
 
 /// A RecordStore that times each call of `inner` into `idemgate_store_duration_seconds{store=

@@ -6,6 +6,7 @@
 
 #include <new>
 #include <stdexcept>
+#include <vector>
 
 namespace idemgate::core {
 namespace {
@@ -15,6 +16,53 @@ EVP_MD_CTX* md(void* p) {
 }
 
 constexpr char kHex[] = "0123456789abcdef";
+
+/// SHA-256 fetched from the default provider once: EVP_sha256() makes every EVP_DigestInit_ex
+/// look the implementation up again (a property query under a lock, OpenSSL 3).
+const EVP_MD* sha256_md() {
+  static EVP_MD* const fetched = [] {
+    EVP_MD* md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+    if (md == nullptr) throw std::runtime_error("EVP_MD_fetch(SHA256) failed");
+    return md;
+  }();
+  return fetched;
+}
+
+/// Digest contexts a thread has finished with, reused by its next builders (a few may be alive
+/// at once, across the suspension points of coroutines on one thread).
+class ContextCache {
+ public:
+  ContextCache() = default;
+  ContextCache(const ContextCache&) = delete;
+  ContextCache& operator=(const ContextCache&) = delete;
+  ~ContextCache() {
+    for (auto* ctx : free_) EVP_MD_CTX_free(ctx);
+  }
+
+  EVP_MD_CTX* take() {
+    if (free_.empty()) return EVP_MD_CTX_new();
+    auto* ctx = free_.back();
+    free_.pop_back();
+    return ctx;
+  }
+
+  void give_back(EVP_MD_CTX* ctx) {
+    if (free_.size() < kKept) {
+      free_.push_back(ctx);
+    } else {
+      EVP_MD_CTX_free(ctx);
+    }
+  }
+
+ private:
+  static constexpr std::size_t kKept = 8;
+  std::vector<EVP_MD_CTX*> free_;
+};
+
+ContextCache& context_cache() {
+  thread_local ContextCache cache;
+  return cache;
+}
 
 std::string hex_of(const unsigned char* data, std::size_t size) {
   std::string out(size * 2, '\0');
@@ -27,16 +75,17 @@ std::string hex_of(const unsigned char* data, std::size_t size) {
 
 }  // namespace
 
-Sha256Builder::Sha256Builder() : ctx_(EVP_MD_CTX_new()) {
+Sha256Builder::Sha256Builder() : ctx_(context_cache().take()) {
   if (ctx_ == nullptr) throw std::bad_alloc();
-  if (EVP_DigestInit_ex(md(ctx_), EVP_sha256(), nullptr) != 1) {
+  if (EVP_DigestInit_ex2(md(ctx_), sha256_md(), nullptr) != 1) {
     EVP_MD_CTX_free(md(ctx_));
-    throw std::runtime_error("EVP_DigestInit_ex(sha256) failed");
+    throw std::runtime_error("EVP_DigestInit_ex2(sha256) failed");
   }
 }
 
 Sha256Builder::~Sha256Builder() {
-  EVP_MD_CTX_free(md(ctx_));
+  // Contexts are not tied to a thread: the one that destroys the builder keeps it.
+  context_cache().give_back(md(ctx_));
 }
 
 Sha256Builder& Sha256Builder::update(std::string_view bytes) {
@@ -69,7 +118,7 @@ std::string to_hex(const Sha256& digest) {
 std::string hmac_sha256_hex(std::string_view key, std::string_view data) {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int size = 0;
-  HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+  HMAC(sha256_md(), key.data(), static_cast<int>(key.size()),
        reinterpret_cast<const unsigned char*>(data.data()), data.size(), out, &size);
   return hex_of(out, size);
 }

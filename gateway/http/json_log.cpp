@@ -1,91 +1,432 @@
 #include "gateway/http/json_log.hpp"
 
+#include <poll.h>
 #include <spdlog/formatter.h>
+#include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/sink.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
+#include <atomic>
 #include <boost/json/serialize.hpp>
+#include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <ctime>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 namespace idemgate::http {
 
 namespace {
 
+using Buffer = spdlog::memory_buf_t;
+
+void append(Buffer& out, std::string_view text) {
+  out.append(text.data(), text.data() + text.size());
+}
+
+// The escaping of boost::json::serialize: `"` and `\`, the short escapes \b \t \n \f \r, other
+// control characters as \u00XX; every other byte as it is.
+void append_string(Buffer& out, std::string_view text) {
+  static constexpr char kHexDigits[] = "0123456789abcdef";
+  out.push_back('"');
+  std::size_t plain = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c != '"' && c != '\\') continue;
+    append(out, text.substr(plain, i - plain));
+    plain = i + 1;
+    out.push_back('\\');
+    switch (c) {
+      case '"':
+        out.push_back('"');
+        break;
+      case '\\':
+        out.push_back('\\');
+        break;
+      case '\b':
+        out.push_back('b');
+        break;
+      case '\t':
+        out.push_back('t');
+        break;
+      case '\n':
+        out.push_back('n');
+        break;
+      case '\f':
+        out.push_back('f');
+        break;
+      case '\r':
+        out.push_back('r');
+        break;
+      default:
+        append(out, "u00");
+        out.push_back(kHexDigits[c >> 4]);
+        out.push_back(kHexDigits[c & 15]);
+    }
+  }
+  append(out, text.substr(plain));
+  out.push_back('"');
+}
+
 // Boost.JSON writes doubles as 6.64E-1; durations read better as 0.664.
-void append_value(std::string& out, const boost::json::value& v) {
-  if (v.is_double()) {
-    out += fmt::format("{:.3f}", v.get_double());
-  } else {
-    out += boost::json::serialize(v);
+void append_value(Buffer& out, const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::string:
+      append_string(out, v.get_string());
+      break;
+    case boost::json::kind::double_:
+      fmt::format_to(std::back_inserter(out), "{:.3f}", v.get_double());
+      break;
+    case boost::json::kind::int64:
+      fmt::format_to(std::back_inserter(out), "{}", v.get_int64());
+      break;
+    case boost::json::kind::uint64:
+      fmt::format_to(std::back_inserter(out), "{}", v.get_uint64());
+      break;
+    case boost::json::kind::bool_:
+      append(out, v.get_bool() ? "true" : "false");
+      break;
+    default:
+      append(out, boost::json::serialize(v));
   }
 }
 
-std::string render(std::string_view level, const boost::json::object& fields) {
+void append_rfc3339(Buffer& out, std::chrono::system_clock::time_point t) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch());
+  const std::time_t secs =
+      static_cast<std::time_t>(std::chrono::floor<std::chrono::seconds>(ms).count());
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  fmt::format_to(std::back_inserter(out), "{:04d}-{:02d}-{:02d}T{:02d}:{:02d}:{:02d}.{:03d}Z",
+                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                 static_cast<int>(ms.count() % 1000));
+}
+
+// `{"time":…,"level":…` — the opening every line shares.
+void append_head(Buffer& out, std::string_view level, std::chrono::system_clock::time_point time) {
+  append(out, "{\"time\":\"");
+  append_rfc3339(out, time);
+  append(out, "\",\"level\":\"");
+  append(out, level);
+  out.push_back('"');
+}
+
+void append_key(Buffer& out, std::string_view key) {
+  out.push_back(',');
+  append_string(out, key);
+  out.push_back(':');
+}
+
+std::string_view level_name(spdlog::level::level_enum level) {
+  const auto name = spdlog::level::to_string_view(level);
+  return {name.data(), name.size()};
+}
+
+// One line of log_json: time, level, msg, then `fields` in their order (a `msg` among them
+// replaces the message in its place; `level` and `time` are not repeated).
+void render(Buffer& out, std::string_view level, std::string_view msg,
+            const boost::json::object& fields) {
   // A caller's own time (e.g. when the request started) replaces the current one.
   const auto* given = fields.if_contains("time");
-  const std::string time = given != nullptr && given->is_string()
-                               ? std::string(given->get_string())
-                               : format_rfc3339(std::chrono::system_clock::now());
-  std::string out = "{\"time\":" + boost::json::serialize(boost::json::string_view(time)) +
-                    ",\"level\":\"" + std::string(level) + "\"";
+  if (given != nullptr && given->is_string()) {
+    append(out, "{\"time\":");
+    append_string(out, given->get_string());
+    append(out, ",\"level\":\"");
+    append(out, level);
+    out.push_back('"');
+  } else {
+    append_head(out, level, std::chrono::system_clock::now());
+  }
+  append_key(out, "msg");
+  const auto* own_msg = fields.if_contains("msg");
+  if (own_msg != nullptr) {
+    append_value(out, *own_msg);
+  } else {
+    append_string(out, msg);
+  }
   for (const auto& field : fields) {
-    if (field.key() == "level" || field.key() == "time") continue;
-    out += ',';
-    out += boost::json::serialize(boost::json::string_view(field.key()));
-    out += ':';
+    if (field.key() == "level" || field.key() == "time" || field.key() == "msg") continue;
+    append_key(out, field.key());
     append_value(out, field.value());
   }
-  out += '}';
-  return out;
+  out.push_back('}');
+}
+
+// A thread's reused buffers: one for rendering a line, one for the sink's formatting of it.
+Buffer& render_buffer() {
+  thread_local Buffer buffer;
+  buffer.clear();
+  return buffer;
+}
+
+Buffer& format_buffer() {
+  thread_local Buffer buffer;
+  buffer.clear();
+  return buffer;
 }
 
 class JsonFormatter final : public spdlog::formatter {
  public:
-  void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
+  void format(const spdlog::details::log_msg& msg, Buffer& dest) override {
     const std::string_view text(msg.payload.data(), msg.payload.size());
-    const auto level = spdlog::level::to_string_view(msg.level);
-    std::string line;
     if (!text.empty() && text.front() == '{') {
-      line = std::string(text);  // already a JSON object from log_json
+      append(dest, text);  // already a JSON object from log_json
     } else {
       // Notices of libraries and plain messages become JSON lines too (SPEC C32).
-      boost::json::object fields;
-      fields["msg"] = text;
-      line = render(std::string_view(level.data(), level.size()), fields);
+      append_head(dest, level_name(msg.level), msg.time);
+      append_key(dest, "msg");
+      append_string(dest, text);
+      dest.push_back('}');
     }
-    line += '\n';
-    dest.append(line.data(), line.data() + line.size());
+    dest.push_back('\n');
   }
   std::unique_ptr<spdlog::formatter> clone() const override {
     return std::make_unique<JsonFormatter>();
   }
 };
 
+// ---------------------------------------------------------------------------------------------
+
+/// Lines one thread has logged that the writer has not taken yet.
+struct Slot {
+  std::mutex mutex;  // the owning thread and, every interval, the writer
+  std::string lines;
+  std::uint64_t dropped = 0;
+  bool retired = false;  // the thread has ended: the writer forgets the slot once it is empty
+};
+
+std::atomic<std::uint64_t> next_sink_id{1};
+
+/// Set by log_access around its call into the logger: an access line may wait for the writer's
+/// next round; any other line (rare: start-up, reloads, the cleaner, failures) wakes it at once.
+thread_local bool access_line = false;
+
+/// The calling thread's slot of the sink with this id (a thread logs to one sink at a time).
+struct ThreadSlot {
+  std::uint64_t sink_id = 0;
+  std::shared_ptr<Slot> slot;
+
+  ThreadSlot() = default;
+  ThreadSlot(const ThreadSlot&) = delete;
+  ThreadSlot& operator=(const ThreadSlot&) = delete;
+  ~ThreadSlot() { retire(); }
+
+  void retire() {
+    if (!slot) return;
+    std::lock_guard lock(slot->mutex);
+    slot->retired = true;
+  }
+};
+
+/// See make_batched_logger. Every thread appends its lines to a slot of its own; one writer
+/// thread takes them all every kInterval (at once for a line other than an access line, or when
+/// a slot holds kBatchBytes) and writes them with as few write(2) calls as it can.
+class BatchingSink final : public spdlog::sinks::sink {
+ public:
+  static constexpr std::size_t kBatchBytes = 32 * 1024;
+  static constexpr std::size_t kMaxPendingBytes = 1024 * 1024;
+  static constexpr auto kInterval = std::chrono::milliseconds(50);
+  static constexpr auto kFlushWait = std::chrono::seconds(2);
+
+  explicit BatchingSink(int fd)
+      : fd_(fd), formatter_(std::make_unique<JsonFormatter>()), writer_([this] { run(); }) {}
+
+  ~BatchingSink() override {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    writer_.join();
+  }
+
+  BatchingSink(const BatchingSink&) = delete;
+  BatchingSink& operator=(const BatchingSink&) = delete;
+
+  void log(const spdlog::details::log_msg& msg) override {
+    auto& line = format_buffer();
+    formatter_->format(msg, line);
+    Slot& slot = own_slot();
+    bool full = false;
+    {
+      std::lock_guard lock(slot.mutex);
+      if (slot.lines.size() + line.size() > kMaxPendingBytes) {
+        ++slot.dropped;  // the writer is stuck: never make the caller wait for it
+        return;
+      }
+      slot.lines.append(line.data(), line.size());
+      full = slot.lines.size() >= kBatchBytes;
+    }
+    if (full || !access_line || msg.level >= spdlog::level::warn) wake();
+  }
+
+  /// Blocks until every line logged before the call has been written (at most kFlushWait).
+  void flush() override {
+    std::unique_lock lock(mutex_);
+    const std::uint64_t ticket = ++flush_requests_;
+    urgent_ = true;
+    wake_.notify_one();
+    written_.wait_for(lock, kFlushWait, [&] { return flushed_ >= ticket || !running_; });
+  }
+
+  void set_pattern(const std::string& pattern) override {
+    formatter_ = std::make_unique<spdlog::pattern_formatter>(pattern);
+  }
+  void set_formatter(std::unique_ptr<spdlog::formatter> formatter) override {
+    formatter_ = std::move(formatter);
+  }
+
+ private:
+  Slot& own_slot() {
+    thread_local ThreadSlot mine;
+    if (mine.sink_id != id_) {
+      mine.retire();
+      mine.slot = std::make_shared<Slot>();
+      mine.sink_id = id_;
+      std::lock_guard lock(mutex_);
+      slots_.push_back(mine.slot);
+    }
+    return *mine.slot;
+  }
+
+  void wake() {
+    {
+      std::lock_guard lock(mutex_);
+      urgent_ = true;
+    }
+    wake_.notify_one();
+  }
+
+  void run() {
+    std::string batch;
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait_for(lock, kInterval, [this] { return urgent_ || stopping_; });
+      urgent_ = false;
+      const bool last = stopping_;
+      const std::uint64_t round = flush_requests_;
+      std::uint64_t dropped = 0;
+      batch.clear();
+      std::erase_if(slots_, [&](const std::shared_ptr<Slot>& slot) {
+        std::lock_guard slot_lock(slot->mutex);
+        batch += slot->lines;
+        slot->lines.clear();
+        dropped += slot->dropped;
+        slot->dropped = 0;
+        return slot->retired;
+      });
+      lock.unlock();
+      if (dropped > 0) append_dropped(batch, dropped);
+      write_all(batch);
+      lock.lock();
+      flushed_ = round;
+      written_.notify_all();
+      if (last) break;
+    }
+    running_ = false;
+    written_.notify_all();
+  }
+
+  static void append_dropped(std::string& batch, std::uint64_t dropped) {
+    Buffer line;
+    append_head(line, "warning", std::chrono::system_clock::now());
+    append(line, ",\"msg\":\"log lines dropped: the log output did not keep up\",\"dropped\":");
+    fmt::format_to(std::back_inserter(line), "{}", dropped);
+    append(line, "}\n");
+    batch.append(line.data(), line.size());
+  }
+
+  void write_all(std::string_view data) const {
+    while (!data.empty()) {
+      const ssize_t n = ::write(fd_, data.data(), data.size());
+      if (n >= 0) {
+        data.remove_prefix(static_cast<std::size_t>(n));
+      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        pollfd p{fd_, POLLOUT, 0};
+        ::poll(&p, 1, 100);
+      } else if (errno != EINTR) {
+        return;  // nowhere to write to (closed, EPIPE): the lines are lost
+      }
+    }
+  }
+
+  const int fd_;
+  const std::uint64_t id_ = next_sink_id++;
+  std::unique_ptr<spdlog::formatter> formatter_;  // replaced only before logging starts
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable written_;
+  std::vector<std::shared_ptr<Slot>> slots_;
+  bool urgent_ = false;
+  bool stopping_ = false;
+  bool running_ = true;
+  std::uint64_t flush_requests_ = 0;
+  std::uint64_t flushed_ = 0;
+
+  std::thread writer_;  // last: starts when everything above is ready
+};
+
 }  // namespace
 
 void log_json(spdlog::level::level_enum level, std::string_view msg, boost::json::object fields) {
-  boost::json::object line;
-  line.reserve(fields.size() + 1);
-  line["msg"] = msg;
-  for (auto& field : fields) line[field.key()] = std::move(field.value());
-  const auto name = spdlog::level::to_string_view(level);
-  spdlog::log(level, "{}", render(std::string_view(name.data(), name.size()), line));
+  auto* logger = spdlog::default_logger_raw();
+  if (!logger->should_log(level)) return;
+  auto& line = render_buffer();
+  render(line, level_name(level), msg, fields);
+  logger->log(level, spdlog::string_view_t(line.data(), line.size()));
+}
+
+void log_access(std::chrono::system_clock::time_point time, std::string_view route,
+                std::string_view method, std::string_view target, unsigned status,
+                std::string_view outcome, std::string_view key_hash, double upstream_ms,
+                double total_ms, std::string_view client, bool written) {
+  auto* logger = spdlog::default_logger_raw();
+  if (!logger->should_log(spdlog::level::info)) return;
+  auto& line = render_buffer();
+  append_head(line, "info", time);
+  append(line, ",\"msg\":\"access\"");
+  append_key(line, "route");
+  append_string(line, route);
+  append_key(line, "method");
+  append_string(line, method);
+  append_key(line, "target");
+  append_string(line, target);
+  append_key(line, "status");
+  fmt::format_to(std::back_inserter(line), "{}", status);
+  append_key(line, "outcome");
+  append_string(line, outcome);
+  append_key(line, "key_hash");
+  append_string(line, key_hash);
+  append_key(line, "upstream_ms");
+  fmt::format_to(std::back_inserter(line), "{:.3f}", upstream_ms);
+  append_key(line, "total_ms");
+  fmt::format_to(std::back_inserter(line), "{:.3f}", total_ms);
+  append_key(line, "client");
+  append_string(line, client);
+  append(line, written ? ",\"written\":true}" : ",\"written\":false}");
+  access_line = true;
+  logger->log(spdlog::level::info, spdlog::string_view_t(line.data(), line.size()));
+  access_line = false;
 }
 
 std::unique_ptr<spdlog::formatter> make_json_formatter() {
   return std::make_unique<JsonFormatter>();
 }
 
+std::shared_ptr<spdlog::logger> make_batched_logger(const std::string& name, int fd) {
+  auto logger = std::make_shared<spdlog::logger>(name, std::make_shared<BatchingSink>(fd));
+  // Never flush on the logging thread: the sink writes warnings at once by itself.
+  logger->flush_on(spdlog::level::off);
+  return logger;
+}
+
 std::string format_rfc3339(std::chrono::system_clock::time_point t) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch());
-  const std::time_t secs =
-      static_cast<std::time_t>(std::chrono::floor<std::chrono::seconds>(ms).count());
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char out[64];
-  std::snprintf(out, sizeof out, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
-                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                static_cast<int>(ms.count() % 1000));
-  return out;
+  Buffer out;
+  append_rfc3339(out, t);
+  return fmt::to_string(out);
 }
 
 }  // namespace idemgate::http

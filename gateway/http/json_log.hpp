@@ -4,6 +4,7 @@
 
 #include <spdlog/common.h>
 #include <spdlog/formatter.h>
+#include <spdlog/logger.h>
 #include <boost/json/object.hpp>
 #include <chrono>
 #include <memory>
@@ -18,6 +19,28 @@ namespace idemgate::http {
 /// Thread safety: safe from any thread (spdlog's default logger is thread-safe).
 void log_json(spdlog::level::level_enum level, std::string_view msg,
               boost::json::object fields = {});
+
+/// The access line of one request (SPEC C32), exactly as `log_json(info, "access", {time, route,
+/// method, target, status, outcome, key_hash, upstream_ms, total_ms, client, written})` writes
+/// it, rendered into a buffer the thread reuses instead of through a boost::json::object.
+/// Thread safety: as log_json.
+void log_access(std::chrono::system_clock::time_point time, std::string_view route,
+                std::string_view method, std::string_view target, unsigned status,
+                std::string_view outcome, std::string_view key_hash, double upstream_ms,
+                double total_ms, std::string_view client, bool written);
+
+/// A logger that writes JSON lines (make_json_formatter) to `fd` (stderr; a test's pipe) without
+/// making the logging thread wait for it: each thread appends its lines to a buffer of its own
+/// and one writer thread writes them. Access lines (log_access) are batched: written every
+/// 50 ms, or when a buffer holds 32 KiB; any other line (warnings, start-up, reloads, the
+/// cleaner's rounds) wakes the writer at once; all are written on flush() and when the logger is
+/// destroyed. Lines never
+/// interleave; a thread's lines keep their order. A thread whose buffer already holds 1 MiB
+/// (`fd` blocked or too slow) drops its new lines: they are counted, and the count is written as
+/// a `warning` line `{"msg":"log lines dropped: …","dropped":N}` once the writer catches up.
+/// flush() blocks until every line logged before it has been written (up to 2 s): call it before
+/// the process exits. Lines still buffered when the process dies abruptly are lost.
+std::shared_ptr<spdlog::logger> make_batched_logger(const std::string& name, int fd = 2);
 
 /// A spdlog formatter that writes every message as one JSON object a line: messages from
 /// log_json as they are, any other text (library notices, plain spdlog calls) wrapped as

@@ -32,6 +32,9 @@ struct Server::Worker {
   tcp::acceptor acceptor;
   asio::steady_timer drain_timer;
   std::shared_ptr<SessionContext> context;
+  /// This thread's copy of the configuration: its reference count is touched by this thread only.
+  /// Replaced on the thread (posted by update_config).
+  std::shared_ptr<const config::Config> config;
   std::unique_ptr<RequestHandler> handler;
   std::atomic<std::thread::id> thread_id{};
   bool finished = false;
@@ -102,7 +105,8 @@ Server::Server(std::shared_ptr<const config::Config> config, HandlerFactory make
     auto worker = std::make_unique<Worker>(i);
     open_acceptor(worker->acceptor, endpoint);
     if (i == 0) endpoint.port(worker->acceptor.local_endpoint().port());  // port 0 → the bound one
-    worker->context->config = [this] { return this->config(); };
+    worker->config = std::make_shared<const config::Config>(*config_);
+    worker->context->config = [w = worker.get()] { return w->config; };
     worker->context->tls = tls_.get();
     worker->context->observers = observers;
     workers_.push_back(std::move(worker));
@@ -123,6 +127,14 @@ std::shared_ptr<const config::Config> Server::config() const {
 }
 
 void Server::update_config(std::shared_ptr<const config::Config> config) {
+  // Each thread gets a copy of its own, copied here, off the io threads. A request that arrives
+  // after this call is read after the post has run (the io_context runs handlers in order).
+  for (auto& worker : workers_) {
+    asio::post(worker->io_context,
+               [w = worker.get(), fresh = std::make_shared<const config::Config>(*config)] {
+                 w->config = fresh;
+               });
+  }
   std::atomic_store(&config_, std::move(config));
 }
 
@@ -218,8 +230,7 @@ void Server::begin_stop(Worker& worker, bool drain) {
     finish_worker(worker);
     return;
   }
-  const auto cfg = config();
-  worker.drain_timer.expires_after(cfg->limits.drain_timeout);
+  worker.drain_timer.expires_after(worker.config->limits.drain_timeout);
   worker.drain_timer.async_wait([this, &worker](boost::system::error_code ec) {
     if (ec) return;
     if (!worker.context->sessions.empty()) {

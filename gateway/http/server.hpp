@@ -1,7 +1,7 @@
 #pragma once
 // The HTTP listener: N io threads, each with its own io_context, acceptor (SO_REUSEPORT on one
-// port), RequestHandler and sessions; nothing is shared between threads on the request path
-// except the immutable config snapshot (STYLE "Threads").
+// port), RequestHandler, sessions and copy of the config snapshot; nothing is shared between
+// threads on the request path (STYLE "Threads").
 
 #include <atomic>
 #include <boost/asio/io_context.hpp>
@@ -52,11 +52,13 @@ class Server {
   /// has returned (SPEC §1 SIGTERM); from an io thread (e.g. a handler) it only initiates.
   void stop(bool drain = true);
 
-  /// Makes `config` the snapshot of requests that start from now on (SPEC §1 SIGHUP). Listener
-  /// fields (address, port, threads) are not re-applied. Thread-safe.
+  /// Makes `config` the snapshot of requests that start from now on (SPEC §1 SIGHUP): each io
+  /// thread gets a copy of it, posted to the thread. Listener fields (address, port, threads) are
+  /// not re-applied. Thread-safe.
   void update_config(std::shared_ptr<const config::Config> config);
 
-  /// The current snapshot. Thread-safe.
+  /// The snapshot last given (to the constructor or update_config). Thread-safe; not for the
+  /// request path (sessions read their thread's copy through SessionContext::config).
   std::shared_ptr<const config::Config> config() const;
 
  private:

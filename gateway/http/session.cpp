@@ -457,18 +457,9 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
   if (wec) keep_alive = false;
 
   const auto total = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
-  log_json(spdlog::level::info, "access",
-           {{"time", format_rfc3339(started_wall)},
-            {"route", route ? route->name : ""},
-            {"method", method},
-            {"target", target},
-            {"status", res.result_int()},
-            {"outcome", result.outcome},
-            {"key_hash", result.key_hash},
-            {"upstream_ms", to_ms(result.upstream_time)},
-            {"total_ms", to_ms(total)},
-            {"client", client_ip_},
-            {"written", !wec}});
+  log_access(started_wall, route ? std::string_view(route->name) : std::string_view(), method,
+             target, res.result_int(), result.outcome, result.key_hash, to_ms(result.upstream_time),
+             to_ms(total), client_ip_, !wec);
   if (context_->observers.request_done) {
     context_->observers.request_done(route ? std::string_view(route->name) : std::string_view(),
                                      result.outcome, result.upstream_time);
@@ -570,22 +561,26 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
               {"client", client_ip_},
               {"detail", outcome.cut}});
   }
-  boost::json::object line{{"time", format_rfc3339(started_wall)},
-                           {"route", route.name},
-                           {"method", method},
-                           {"target", target},
-                           {"status", status},
-                           {"outcome", outcome.outcome},
-                           {"key_hash", ""},
-                           {"upstream_ms", to_ms(outcome.upstream_time)},
-                           {"total_ms", to_ms(total)},
-                           {"client", client_ip_},
-                           {"written", written}};
   if (outcome.tunnel) {
-    line["bytes_in"] = outcome.bytes_in;
-    line["bytes_out"] = outcome.bytes_out;
+    // A tunnel's line carries what it moved (C40).
+    log_json(spdlog::level::info, "access",
+             {{"time", format_rfc3339(started_wall)},
+              {"route", route.name},
+              {"method", method},
+              {"target", target},
+              {"status", status},
+              {"outcome", outcome.outcome},
+              {"key_hash", ""},
+              {"upstream_ms", to_ms(outcome.upstream_time)},
+              {"total_ms", to_ms(total)},
+              {"client", client_ip_},
+              {"written", written},
+              {"bytes_in", outcome.bytes_in},
+              {"bytes_out", outcome.bytes_out}});
+  } else {
+    log_access(started_wall, route.name, method, target, status, outcome.outcome, "",
+               to_ms(outcome.upstream_time), to_ms(total), client_ip_, written);
   }
-  log_json(spdlog::level::info, "access", std::move(line));
   if (context_->observers.request_done) {
     context_->observers.request_done(route.name, outcome.outcome, outcome.upstream_time);
   }

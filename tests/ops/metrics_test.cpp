@@ -7,6 +7,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_future.hpp>
 #include <boost/test/unit_test.hpp>
+#include <memory>
+#include <thread>
 
 #include "tests/fakes/memory_lock.hpp"
 #include "tests/ops/metric_text.hpp"
@@ -79,6 +81,48 @@ BOOST_AUTO_TEST_CASE(spec_C31_every_metric_is_exported_under_its_spec_name) {
   BOOST_TEST(metric_value(text, "idemgate_cleanup_deleted_total") == 10.0);
   text = metrics.render();
   BOOST_TEST(metric_value(text, "idemgate_cleanup_deleted_total") == 10.0);
+}
+
+BOOST_AUTO_TEST_CASE(observations_land_in_their_own_registry_from_any_thread) {
+  // Each thread keeps the children it has looked up: several registries used by the same
+  // threads, in turn, must each still see exactly their own observations.
+  auto a = std::make_unique<Metrics>();
+  Metrics b;
+  const auto observe = [&] {
+    for (int i = 0; i < 100; ++i) {
+      a->count_request("pay", "executed");
+      b.count_request("pay", "executed");
+      b.count_request("pay", "replayed");
+      a->observe_upstream("pay", 1ms);
+      b.observe_store("redis", "renew", 1ms);
+    }
+  };
+  std::thread other(observe);
+  observe();
+  other.join();
+  const std::string text_a = a->render();
+  const std::string text_b = b.render();
+  BOOST_TEST(metric_value(text_a, "idemgate_requests_total",
+                          {{"route", "pay"}, {"outcome", "executed"}}) == 200.0);
+  BOOST_TEST(metric_value(text_a, "idemgate_requests_total",
+                          {{"route", "pay"}, {"outcome", "replayed"}}) == -1.0);
+  BOOST_TEST(metric_value(text_a, "idemgate_upstream_duration_seconds_count", {{"route", "pay"}}) ==
+             200.0);
+  BOOST_TEST(metric_value(text_b, "idemgate_requests_total",
+                          {{"route", "pay"}, {"outcome", "executed"}}) == 200.0);
+  BOOST_TEST(metric_value(text_b, "idemgate_requests_total",
+                          {{"route", "pay"}, {"outcome", "replayed"}}) == 200.0);
+  BOOST_TEST(metric_value(text_b, "idemgate_store_duration_seconds_count",
+                          {{"store", "redis"}, {"op", "renew"}}) == 200.0);
+  BOOST_TEST(metric_value(text_b, "idemgate_upstream_duration_seconds_count", {{"route", "pay"}}) ==
+             -1.0);
+
+  // A registry made after another was destroyed (maybe at the same address) starts empty.
+  a.reset();
+  a = std::make_unique<Metrics>();
+  a->count_request("pay", "executed");
+  BOOST_TEST(metric_value(a->render(), "idemgate_requests_total",
+                          {{"route", "pay"}, {"outcome", "executed"}}) == 1.0);
 }
 
 BOOST_AUTO_TEST_CASE(in_flight_locks_rise_on_acquire_and_fall_on_release_or_loss) {
