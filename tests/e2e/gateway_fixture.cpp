@@ -270,6 +270,66 @@ std::string payment_body(const std::string& external_id, const std::string& amou
 
 // ---------------------------------------------------------------------------------------------
 
+namespace {
+
+ChildOptions stream_upstream_options(const std::string& stderr_path,
+                                     const std::string& stdout_path) {
+  ChildOptions o;
+  o.executable = require_env("IDEMGATE_BINARY_DIR") + "/tests/stream-upstream";
+  o.args = {"--listen", kLoopback + ":0"};
+  o.stderr_path = stderr_path;
+  o.stdout_path = stdout_path;
+  return o;
+}
+
+}  // namespace
+
+StreamUpstream::StreamUpstream()
+    : stderr_path_((dir_.path() / "stream-upstream.log").string()),
+      child_(
+          stream_upstream_options(stderr_path_, (dir_.path() / "stream-upstream.out").string())) {
+  port_ = wait_for_listening(child_, stderr_path_, "stream-upstream");
+}
+
+StreamUpstream::~StreamUpstream() {
+  child_.stop();
+  if (current_test_failed()) BOOST_TEST_MESSAGE("stream-upstream stderr tail:\n" << stderr_tail());
+}
+
+std::string StreamUpstream::address() const {
+  return kLoopback + ":" + std::to_string(port_);
+}
+
+json::object StreamUpstream::stats() const {
+  const HttpResponse res = http_request(kLoopback, port_, {"GET", "/stats", {}, ""});
+  if (res.status != 200) throw std::runtime_error("stream-upstream /stats: " + describe(res));
+  return json::parse(res.body).as_object();
+}
+
+std::uint64_t StreamUpstream::counter(const char* name) const {
+  return stats().at(name).to_number<std::uint64_t>();
+}
+
+bool StreamUpstream::wait_for_counter(const char* name, std::uint64_t value) const {
+  const auto deadline = std::chrono::steady_clock::now() + kEventDeadline;
+  while (counter(name) < value) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  return true;
+}
+
+bool StreamUpstream::wait_for_counter_equal(const char* name, std::uint64_t value) const {
+  const auto deadline = std::chrono::steady_clock::now() + kEventDeadline;
+  while (counter(name) != value) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+
 std::vector<std::string> ReceivedRequest::values(std::string_view name) const {
   std::vector<std::string> out;
   for (const auto& [key, value] : headers)

@@ -118,6 +118,44 @@ std::string payment_body(const std::string& external_id, const std::string& amou
 
 // ---------------------------------------------------------------------------------------------
 
+/// tests/support/stream_upstream.cpp (`stream-upstream`) on an OS-chosen loopback port: pattern
+/// bodies of any size generated and checked piece by piece, an upstream dying mid-body, a
+/// WebSocket echo, the received fields as JSON (SPEC C38, C40). Listening when the constructor
+/// returns; stopped by PID in the destructor.
+class StreamUpstream {
+ public:
+  StreamUpstream();
+  ~StreamUpstream();
+  StreamUpstream(const StreamUpstream&) = delete;
+  StreamUpstream& operator=(const StreamUpstream&) = delete;
+
+  std::uint16_t port() const { return port_; }
+  /// `127.0.0.1:PORT`, as a gateway upstream server.
+  std::string address() const;
+  /// GET /stats: bytes_written_total, sink_done, sink_incomplete, ws_open… since start.
+  boost::json::object stats() const;
+  /// One counter of stats().
+  std::uint64_t counter(const char* name) const;
+  /// Waits until counter(name) ≥ value; false after kEventDeadline.
+  bool wait_for_counter(const char* name, std::uint64_t value) const;
+  /// Waits until counter(name) == value; false after kEventDeadline.
+  bool wait_for_counter_equal(const char* name, std::uint64_t value) const;
+  std::string stderr_tail() const { return file_tail(stderr_path_); }
+
+ private:
+  TempDir dir_;
+  std::string stderr_path_;
+  ChildProcess child_;
+  std::uint16_t port_ = 0;
+};
+
+/// Byte `offset` of every stream-upstream body: offset % 251.
+inline char pattern_byte(std::uint64_t offset) {
+  return static_cast<char>(offset % 251);
+}
+
+// ---------------------------------------------------------------------------------------------
+
 /// A request as the in-test upstream received it.
 struct ReceivedRequest {
   std::string method;
@@ -245,6 +283,8 @@ class Gateway {
 
   int instances() const { return static_cast<int>(children_.size()); }
   std::uint16_t port(int instance = 0) const { return ports_.at(instance); }
+  /// The process id of `instance` (e.g. to read /proc/PID/status); -1 once it was reaped.
+  pid_t pid(int instance = 0) const { return children_.at(instance)->pid(); }
   std::string stderr_text(int instance = 0) const;
   std::string stderr_tail(int instance = 0) const;
   /// The stderr tails of every instance, labelled, for failure messages.

@@ -1,0 +1,6 @@
+# Streaming and protocol upgrades (SPEC C38, C40): the real idemgate in front of stream-upstream,
+# a test upstream that generates and checks GiB bodies piece by piece, dies mid-body, echoes
+# WebSocket messages and refuses to be upgraded to h2c. Stores come from the environment, as for
+# tests/e2e.
+add_executable(stream-upstream support/stream_upstream.cpp)
+target_link_libraries(stream-upstream PRIVATE Boost::headers Boost::json Threads::Threads)
