@@ -4,3 +4,9 @@
 # tests/e2e.
 add_executable(stream-upstream support/stream_upstream.cpp)
 target_link_libraries(stream-upstream PRIVATE Boost::headers Boost::json Threads::Threads)
+
+idemgate_test(streaming_e2e_test e2e
+  SOURCES http/streaming_e2e_test.cpp
+  LIBS idemgate_ops_support)
+# The test starts both binaries; build them with it.
+add_dependencies(streaming_e2e_test idemgate stream-upstream)

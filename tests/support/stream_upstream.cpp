@@ -73,6 +73,7 @@ struct Stats {
   std::uint64_t bytes_written_total = 0;  ///< body bytes of /bytes and /die handed to the kernel
   std::uint64_t bytes_responses_done = 0;
   std::uint64_t bytes_responses_failed = 0;  ///< /bytes writes that failed (peer gone)
+  std::uint64_t sink_requests = 0;           ///< /sink request headers received
   std::uint64_t sink_bytes_total = 0;
   std::uint64_t sink_done = 0;        ///< /sink bodies read to their end and answered
   std::uint64_t sink_incomplete = 0;  ///< /sink bodies that ended early (peer gone)
@@ -145,6 +146,7 @@ json::object stats_json() {
           {"bytes_written_total", stats.bytes_written_total},
           {"bytes_responses_done", stats.bytes_responses_done},
           {"bytes_responses_failed", stats.bytes_responses_failed},
+          {"sink_requests", stats.sink_requests},
           {"sink_bytes_total", stats.sink_bytes_total},
           {"sink_done", stats.sink_done},
           {"sink_incomplete", stats.sink_incomplete},
@@ -334,6 +336,7 @@ asio::awaitable<void> serve(tcp::socket socket) {
       co_return;
     }
 
+    if (path == "/sink") ++stats.sink_requests;
     const BodyResult body = co_await read_body(stream, buffer, parser, number(query, "rate"));
     if (path == "/sink") {
       stats.sink_bytes_total += body.bytes;

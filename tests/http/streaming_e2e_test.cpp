@@ -1,0 +1,825 @@
+// Streaming and protocol upgrades end to end (SPEC C38, C40): the real idemgate in front of
+// stream-upstream, driven over raw client sockets so that a test sees bytes as they arrive and
+// decides when to read. Bodies follow stream-upstream's pattern (byte i = i % 251), so every
+// byte is checked without holding a body; the upstream's counters tell how far it got.
+#define BOOST_TEST_MODULE streaming_e2e
+#include <atomic>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/buffers_to_string.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/buffer_body.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/websocket/stream.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <csignal>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <thread>
+
+#include "tests/ops/ops_support.hpp"
+
+namespace {
+
+using namespace idemgate::test;
+using namespace idemgate::test::e2e;
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bhttp = beast::http;
+namespace websocket = beast::websocket;
+namespace json = boost::json;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr std::uint64_t kKiB = 1024;
+constexpr std::uint64_t kMiB = 1024 * kKiB;
+constexpr std::uint64_t kGiB = 1024 * kMiB;
+constexpr std::size_t kPiece = 64 * kKiB;
+/// SPEC C38: a 1 GiB transfer grows the gateway's RSS by less than this.
+constexpr std::uint64_t kRssBudget = 32 * kMiB;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void fill_pattern(char* out, std::size_t n, std::uint64_t offset) {
+  for (std::size_t i = 0; i < n; ++i) out[i] = pattern_byte(offset + i);
+}
+
+bool pattern_matches(const char* data, std::size_t n, std::uint64_t offset) {
+  auto value = static_cast<unsigned>(offset % 251);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (static_cast<unsigned char>(data[i]) != value) return false;
+    if (++value == 251) value = 0;
+  }
+  return true;
+}
+
+/// Runs one asynchronous operation on `io` to completion, or closes `socket` after `timeout`
+/// (then the result is asio::error::timed_out). Blocking calls with a bound, without a clock.
+template <class Start>
+boost::system::error_code run_bounded(asio::io_context& io, tcp::socket& socket,
+                                      std::chrono::milliseconds timeout, Start start) {
+  boost::system::error_code ec;
+  bool done = false;
+  io.restart();
+  start([&ec, &done](boost::system::error_code e, auto&&...) {
+    ec = e;
+    done = true;
+  });
+  io.run_for(timeout);
+  if (!done) {
+    boost::system::error_code ignored;
+    socket.close(ignored);
+    io.restart();
+    io.run();
+    return asio::error::timed_out;
+  }
+  return ec;
+}
+
+using ResponseParser = bhttp::response_parser<bhttp::buffer_body>;
+
+/// A client connection with byte-level control: raw writes, the response header, then the body
+/// piece by piece at the pace the test chooses. Every operation is bounded by `timeout`.
+class RawClient {
+ public:
+  /// `receive_buffer` (bytes, 0: the system's) is set before connecting, so that a client
+  /// that stops reading holds back the sender soon.
+  explicit RawClient(std::uint16_t port, std::chrono::milliseconds timeout = 30s,
+                     int receive_buffer = 0)
+      : socket_(io_), timeout_(timeout) {
+    socket_.open(tcp::v4());
+    if (receive_buffer > 0) socket_.set_option(tcp::socket::receive_buffer_size(receive_buffer));
+    const tcp::endpoint endpoint(asio::ip::make_address(kLoopback), port);
+    const auto ec = run([&](auto done) { socket_.async_connect(endpoint, done); });
+    if (ec) throw boost::system::system_error(ec, "connect");
+    parser_.body_limit(boost::none);
+  }
+
+  boost::system::error_code write(std::string_view bytes) {
+    return run([&](auto done) {
+      asio::async_write(socket_, asio::buffer(bytes.data(), bytes.size()), done);
+    });
+  }
+
+  /// Reads the response header into parser().
+  boost::system::error_code read_header() {
+    return run([&](auto done) { bhttp::async_read_header(socket_, buffer_, parser_, done); });
+  }
+
+  /// Reads up to `size` body bytes into `data`; `got` tells how many. No error and
+  /// parser().is_done(): the body is complete.
+  boost::system::error_code read_body(char* data, std::size_t size, std::size_t& got) {
+    parser_.get().body().data = data;
+    parser_.get().body().size = size;
+    auto ec = run([&](auto done) { bhttp::async_read(socket_, buffer_, parser_, done); });
+    if (ec == bhttp::error::need_buffer) ec = {};
+    got = size - parser_.get().body().size;
+    return ec;
+  }
+
+  /// Reads raw bytes (after the response: to see whether the peer closed).
+  boost::system::error_code read_some(char* data, std::size_t size, std::size_t& got) {
+    got = 0;
+    if (buffer_.size() > 0) {
+      got = asio::buffer_copy(asio::buffer(data, size), buffer_.data());
+      buffer_.consume(got);
+      return {};
+    }
+    return run([&](auto done) {
+      socket_.async_read_some(asio::buffer(data, size),
+                              [&got, done](boost::system::error_code e, std::size_t n) mutable {
+                                got = n;
+                                done(e);
+                              });
+    });
+  }
+
+  ResponseParser& parser() { return parser_; }
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+
+ private:
+  template <class Start>
+  boost::system::error_code run(Start start) {
+    return run_bounded(io_, socket_, timeout_, start);
+  }
+
+  asio::io_context io_;
+  tcp::socket socket_;
+  std::chrono::milliseconds timeout_;
+  beast::flat_buffer buffer_;
+  ResponseParser parser_;
+};
+
+/// How a response read piece by piece ended.
+struct Download {
+  unsigned status = 0;
+  HeaderList headers;
+  std::uint64_t bytes = 0;
+  bool pattern_ok = true;
+  bool complete = false;            ///< the body ended by its framing (or by EOF, close-delimited)
+  boost::system::error_code error;  ///< what ended it otherwise
+  std::string text;  ///< the body as text (up to 64 KiB), when it is not a pattern body
+
+  std::optional<std::string> header(std::string_view name) const {
+    for (const auto& [key, value] : headers)
+      if (beast::iequals(key, name)) return value;
+    return std::nullopt;
+  }
+  std::string describe() const {
+    std::ostringstream out;
+    out << "status " << status << ", " << bytes << " body bytes, complete " << complete
+        << ", pattern_ok " << pattern_ok << ", error '" << error.message() << "'";
+    for (const auto& [k, v] : headers) out << "\n" << k << ": " << v;
+    if (!text.empty()) out << "\n\n" << text.substr(0, 2000);
+    return out.str();
+  }
+};
+
+/// Reads the response on `client` piece by piece (`piece` bytes at most), checking the pattern
+/// on a 200 when `pattern` (else keeping the body as text); `after_piece(bytes so far)` runs
+/// after each piece.
+Download read_download(RawClient& client,
+                       const std::function<void(std::uint64_t)>& after_piece = {},
+                       bool pattern = true, std::size_t piece = kPiece) {
+  Download d;
+  d.error = client.read_header();
+  if (d.error) return d;
+  const auto& res = client.parser().get();
+  d.status = res.result_int();
+  for (const auto& f : res) d.headers.emplace_back(f.name_string(), f.value());
+  std::vector<char> buffer(piece);
+  while (!client.parser().is_done()) {
+    std::size_t got = 0;
+    const auto ec = client.read_body(buffer.data(), buffer.size(), got);
+    if (pattern && d.status == 200) {
+      if (d.pattern_ok && !pattern_matches(buffer.data(), got, d.bytes)) d.pattern_ok = false;
+    } else if (d.text.size() < 64 * kKiB) {
+      d.text.append(buffer.data(), got);
+    }
+    d.bytes += got;
+    if (ec) {
+      d.error = ec;
+      return d;
+    }
+    if (after_piece) after_piece(d.bytes);
+  }
+  d.complete = true;
+  return d;
+}
+
+std::string get_request(const std::string& target, const std::string& version = "HTTP/1.1",
+                        const std::string& host = "gateway.test") {
+  return "GET " + target + " " + version + "\r\nHost: " + host + "\r\n\r\n";
+}
+
+/// A connection error (the peer closed or reset), as opposed to a timeout of the test's own.
+bool closed_by_peer(const boost::system::error_code& ec) {
+  return ec == asio::error::eof || ec == asio::error::connection_reset ||
+         ec == asio::error::broken_pipe || ec == bhttp::error::partial_message ||
+         ec == bhttp::error::end_of_stream;
+}
+
+/// Samples VmRSS of a process every 20 ms on its own thread, keeping the maximum.
+class RssSampler {
+ public:
+  explicit RssSampler(pid_t pid) : path_("/proc/" + std::to_string(pid) + "/status") {
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        max_ = std::max(max_.load(), rss());
+        std::this_thread::sleep_for(20ms);
+      }
+    });
+  }
+  ~RssSampler() {
+    stop_ = true;
+    thread_.join();
+  }
+  /// VmRSS now, in bytes (0 when unreadable).
+  std::uint64_t rss() const {
+    std::ifstream in(path_);
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * kKiB;
+    return 0;
+  }
+  std::uint64_t max() const { return max_; }
+
+ private:
+  std::string path_;
+  std::atomic<bool> stop_{false};
+  std::atomic<std::uint64_t> max_{0};
+  std::thread thread_;
+};
+
+/// The JSON objects of a log, one a line (other lines skipped).
+std::vector<json::object> log_objects(const std::string& text) {
+  std::vector<json::object> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    json::error_code ec;
+    auto v = json::parse(line, ec);
+    if (!ec && v.is_object()) out.push_back(std::move(v.as_object()));
+  }
+  return out;
+}
+
+std::string str(const json::object& o, const char* key) {
+  const auto* v = o.if_contains(key);
+  return v && v->is_string() ? std::string(v->as_string()) : "";
+}
+
+/// Lines of the log that mention `target` and, case-insensitively, any of `words` in a
+/// value (the exchange was cut and the gateway said why).
+std::vector<std::string> log_lines_about(const std::string& text, const std::string& target,
+                                         std::initializer_list<std::string_view> words) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find(target) == std::string::npos) continue;
+    std::string lower = line;
+    for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    for (const auto word : words)
+      if (lower.find(word) != std::string::npos) {
+        out.push_back(line);
+        break;
+      }
+  }
+  return out;
+}
+
+std::uint16_t admin_port(const Gateway& gateway) {
+  for (const auto& o : log_objects(gateway.stderr_text()))
+    if (str(o, "msg") == "admin listening") return o.at("port").to_number<std::uint16_t>();
+  throw std::runtime_error("no 'admin listening' line:\n" + gateway.diagnostics());
+}
+
+/// `upstream:` up, plus the routes: `no-upgrade.test` and `tunnel.test` (with
+/// `upgrade: [websocket]` when `tunnels`) by host, everything else on `all`; all `mode: off`.
+GatewayConfig stream_config(const StreamUpstream& upstream, const std::string& limits,
+                            bool tunnels = false) {
+  GatewayConfig config;
+  config.upstreams = {{"up", {upstream.address()}}};
+  config.limits = limits;
+  std::string routes;
+  if (tunnels) {
+    routes +=
+        "  - name: no-upgrade\n"
+        "    match: { host: no-upgrade.test, path_prefix: / }\n"
+        "    upstream: up\n"
+        "    idempotency: { mode: \"off\" }\n"
+        "  - name: tunnel\n"
+        "    match: { host: tunnel.test, path_prefix: / }\n"
+        "    upstream: up\n"
+        "    upgrade: [websocket]\n"
+        "    idempotency: { mode: \"off\" }\n";
+  }
+  routes +=
+      "  - name: all\n"
+      "    match: { path_prefix: / }\n"
+      "    upstream: up\n"
+      "    idempotency: { mode: \"off\" }\n";
+  config.routes_yaml = routes;
+  return config;
+}
+
+const std::string kDefaultLimits = "{ max_request_body: 1MiB, drain_timeout: 2s }";
+
+/// A WebSocket client with blocking, bounded operations.
+class WsClient {
+ public:
+  WsClient(std::uint16_t port, const std::string& host, const std::string& target,
+           std::chrono::milliseconds timeout = 10s)
+      : ws_(io_), timeout_(timeout) {
+    auto& socket = ws_.next_layer();
+    const tcp::endpoint endpoint(asio::ip::make_address(kLoopback), port);
+    auto ec = run([&](auto done) { socket.async_connect(endpoint, done); });
+    if (ec) throw boost::system::system_error(ec, "connect");
+    ec = run([&](auto done) { ws_.async_handshake(response_, host, target, done); });
+    if (ec)
+      throw std::runtime_error("WebSocket handshake failed: " + ec.message() + "; status " +
+                               std::to_string(response_.result_int()));
+  }
+
+  boost::system::error_code send(const std::string& payload, bool binary) {
+    ws_.binary(binary);
+    return run([&](auto done) { ws_.async_write(asio::buffer(payload), done); });
+  }
+
+  boost::system::error_code receive(std::string& payload) {
+    beast::flat_buffer buffer;
+    const auto ec = run([&](auto done) { ws_.async_read(buffer, done); });
+    payload = beast::buffers_to_string(buffer.data());
+    return ec;
+  }
+
+  boost::system::error_code close() {
+    return run([&](auto done) { ws_.async_close(websocket::close_code::normal, done); });
+  }
+
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+
+ private:
+  template <class Start>
+  boost::system::error_code run(Start start) {
+    return run_bounded(io_, ws_.next_layer(), timeout_, start);
+  }
+
+  asio::io_context io_;
+  websocket::stream<tcp::socket> ws_;
+  websocket::response_type response_;
+  std::chrono::milliseconds timeout_;
+};
+
+std::string pattern_text(std::size_t n, std::uint64_t offset = 0) {
+  std::string s(n, '\0');
+  fill_pattern(s.data(), n, offset);
+  return s;
+}
+
+/// Writes `total` pattern bytes after `head` in 64 KiB pieces, chunked or as they are; stops at
+/// the first failed write and returns its error. `sent` counts the body bytes written.
+boost::system::error_code upload(RawClient& client, const std::string& head, std::uint64_t total,
+                                 bool chunked, std::uint64_t& sent) {
+  sent = 0;
+  if (auto ec = client.write(head)) return ec;
+  std::string piece(kPiece, '\0');
+  char size_line[32];
+  while (sent < total) {
+    const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, total - sent));
+    fill_pattern(piece.data(), len, sent);
+    std::string_view data(piece.data(), len);
+    std::string framed;
+    if (chunked) {
+      std::snprintf(size_line, sizeof size_line, "%zx\r\n", len);
+      framed.reserve(len + 16);
+      framed.append(size_line).append(data).append("\r\n");
+      data = framed;
+    }
+    if (auto ec = client.write(data)) return ec;
+    sent += len;
+  }
+  if (chunked) return client.write("0\r\n\r\n");
+  return {};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(streaming)
+
+BOOST_AUTO_TEST_CASE(spec_C38_a_1_gib_download_passes_with_bounded_gateway_rss) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(upstream, kDefaultLimits)};
+  {
+    // Warm the gateway up (threads, pools, first allocations) before the idle baseline.
+    RawClient warm(gateway.port());
+    BOOST_TEST_REQUIRE(!warm.write(get_request("/bytes?n=" + std::to_string(4 * kMiB))));
+    const Download d = read_download(warm);
+    BOOST_TEST_REQUIRE(d.complete, d.describe());
+  }
+  RssSampler rss(gateway.pid());
+  std::this_thread::sleep_for(200ms);
+  const std::uint64_t idle = rss.rss();
+
+  const auto start = Clock::now();
+  RawClient client(gateway.port());
+  BOOST_TEST_REQUIRE(!client.write(get_request("/bytes?n=" + std::to_string(kGiB))));
+  const Download d = read_download(client);
+  const double elapsed = seconds_since(start);
+  BOOST_TEST_MESSAGE("1 GiB download: " << elapsed << " s, gateway RSS idle " << idle / kKiB
+                                        << " KiB, max " << rss.max() / kKiB << " KiB");
+  BOOST_TEST(d.status == 200u, d.describe() << "\n" << gateway.diagnostics());
+  BOOST_TEST(d.complete, d.describe());
+  BOOST_TEST(d.bytes == kGiB);
+  BOOST_TEST(d.pattern_ok);
+  BOOST_TEST(rss.max() - std::min(rss.max(), idle) < kRssBudget, "the gateway's RSS grew from "
+                                                                     << idle / kKiB << " KiB to "
+                                                                     << rss.max() / kKiB << " KiB");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C38_a_1_gib_upload_passes_with_bounded_gateway_rss) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(upstream, kDefaultLimits)};
+  {
+    RawClient warm(gateway.port());
+    std::uint64_t sent = 0;
+    const std::string head = "POST /sink HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: " +
+                             std::to_string(512 * kKiB) + "\r\n\r\n";
+    BOOST_TEST_REQUIRE(!upload(warm, head, 512 * kKiB, false, sent));
+    const Download d = read_download(warm, {}, false);
+    BOOST_TEST_REQUIRE(d.complete, d.describe());
+  }
+  RssSampler rss(gateway.pid());
+  std::this_thread::sleep_for(200ms);
+  const std::uint64_t idle = rss.rss();
+
+  for (const bool chunked : {false, true}) {
+    BOOST_TEST_CONTEXT((chunked ? "chunked" : "Content-Length") << " upload") {
+      const auto start = Clock::now();
+      RawClient client(gateway.port());
+      const std::string head =
+          "POST /sink HTTP/1.1\r\nHost: gateway.test\r\nContent-Type: "
+          "application/octet-stream\r\n" +
+          (chunked ? std::string("Transfer-Encoding: chunked\r\n")
+                   : "Content-Length: " + std::to_string(kGiB) + "\r\n") +
+          "\r\n";
+      std::uint64_t sent = 0;
+      const auto wec = upload(client, head, kGiB, chunked, sent);
+      // An early answer (e.g. 413) shows in the response rather than in the failed write.
+      const Download d = read_download(client, {}, false);
+      const double elapsed = seconds_since(start);
+      BOOST_TEST_MESSAGE((chunked ? "chunked" : "Content-Length")
+                         << " 1 GiB upload: " << elapsed << " s, gateway RSS idle " << idle / kKiB
+                         << " KiB, max " << rss.max() / kKiB << " KiB");
+      BOOST_TEST(!wec, "write failed after " << sent << " bytes: " << wec.message() << "; "
+                                             << d.describe());
+      BOOST_TEST_REQUIRE(d.status == 200u, d.describe() << "\n" << gateway.diagnostics());
+      BOOST_TEST(d.complete, d.describe());
+      const json::value answer = json::parse(d.text);
+      BOOST_TEST(answer.at("bytes").to_number<std::uint64_t>() == kGiB, d.text);
+      BOOST_TEST(answer.at("pattern_ok").as_bool(), d.text);
+    }
+  }
+  BOOST_TEST(upstream.counter("sink_done") == 2u);
+  BOOST_TEST(upstream.counter("sink_bytes_total") == 2 * kGiB);
+  BOOST_TEST(rss.max() - std::min(rss.max(), idle) < kRssBudget, "the gateway's RSS grew from "
+                                                                     << idle / kKiB << " KiB to "
+                                                                     << rss.max() / kKiB << " KiB");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C38_first_bytes_arrive_before_the_upstream_finished) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(upstream, kDefaultLimits)};
+  // 512 KiB at 256 KiB/s: the upstream needs two seconds for the whole body.
+  const std::uint64_t n = 512 * kKiB;
+  RawClient client(gateway.port());
+  BOOST_TEST_REQUIRE(!client.write(
+      get_request("/bytes?n=" + std::to_string(n) + "&rate=" + std::to_string(256 * kKiB))));
+  std::optional<std::uint64_t> written_at_first_bytes;
+  const Download d = read_download(client, [&](std::uint64_t) {
+    if (!written_at_first_bytes) written_at_first_bytes = upstream.counter("bytes_written_total");
+  });
+  BOOST_TEST_REQUIRE(d.status == 200u, d.describe() << "\n" << gateway.diagnostics());
+  BOOST_TEST(d.complete, d.describe());
+  BOOST_TEST(d.bytes == n);
+  BOOST_TEST(d.pattern_ok);
+  BOOST_TEST_REQUIRE(written_at_first_bytes.has_value());
+  BOOST_TEST(*written_at_first_bytes < n, "the upstream had written "
+                                              << *written_at_first_bytes << " of " << n
+                                              << " bytes when the first ones reached the client");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C38_a_slow_reader_that_keeps_progressing_is_not_cut) {
+  StreamUpstream upstream;
+  Gateway gateway{
+      stream_config(upstream, "{ max_request_body: 1MiB, idle_timeout: 1s, drain_timeout: 2s }")};
+  // Larger than the kernel's socket buffers on both hops can absorb, so the gateway's writes
+  // wait for this client for the whole slow phase.
+  const std::uint64_t n = 96 * kMiB;
+  RawClient client(gateway.port(), 30s, static_cast<int>(64 * kKiB));
+  BOOST_TEST_REQUIRE(!client.write(get_request("/bytes?n=" + std::to_string(n))));
+  // ~3 s of reading 64 KiB every ~300 ms (three times the idle timeout), then the rest at once.
+  const auto slow_until = Clock::now() + 3s;
+  std::uint64_t written_after_slow_phase = 0;
+  const Download d = read_download(client, [&](std::uint64_t) {
+    if (Clock::now() < slow_until) {
+      std::this_thread::sleep_for(300ms);
+      if (Clock::now() >= slow_until)
+        written_after_slow_phase = upstream.counter("bytes_written_total");
+    }
+  });
+  BOOST_TEST_REQUIRE(d.status == 200u, d.describe() << "\n" << gateway.diagnostics());
+  BOOST_TEST(d.complete, d.describe() << "\n" << gateway.diagnostics());
+  BOOST_TEST(d.bytes == n);
+  BOOST_TEST(d.pattern_ok);
+  // Backpressure: the slow client held the upstream back instead of the gateway buffering.
+  BOOST_TEST(written_after_slow_phase < n / 2,
+             "the upstream had written " << written_after_slow_phase << " bytes");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C38_a_stalled_reader_is_cut_after_idle_timeout) {
+  StreamUpstream upstream;
+  Gateway gateway{
+      stream_config(upstream, "{ max_request_body: 1MiB, idle_timeout: 1s, drain_timeout: 2s }")};
+  const std::uint64_t n = 256 * kMiB;
+  const std::string target = "/bytes?n=" + std::to_string(n);
+  RawClient client(gateway.port(), 30s, static_cast<int>(64 * kKiB));
+  BOOST_TEST_REQUIRE(!client.write(get_request(target)));
+  BOOST_TEST_REQUIRE(!client.read_header());
+  const unsigned status = client.parser().get().result_int();
+  BOOST_TEST_REQUIRE(status == 200u, "status " << status << "\n" << gateway.diagnostics());
+  // The client stops reading. Once the buffers are full nothing moves: after idle_timeout the
+  // gateway cuts both connections, which the upstream sees as a failed write.
+  const auto stalled = Clock::now();
+  BOOST_TEST_REQUIRE(upstream.wait_for_counter("bytes_responses_failed", 1),
+                     "the upstream connection was not cut\n"
+                         << gateway.diagnostics());
+  const double cut_after = seconds_since(stalled);
+  BOOST_TEST_MESSAGE("upstream side cut " << cut_after << " s after the client stalled");
+  BOOST_TEST(cut_after >= 0.9);
+  BOOST_TEST(upstream.counter("bytes_written_total") < n);
+  // What the kernel still holds is readable; then the connection ends short of the body.
+  const Download d = read_download(client);
+  BOOST_TEST(!d.complete, d.describe());
+  BOOST_TEST(d.bytes < n);
+  BOOST_TEST(closed_by_peer(d.error), d.describe());
+  const auto lines = log_lines_about(gateway.stderr_text(), "/bytes", {"idle", "timeout", "cut"});
+  BOOST_TEST(!lines.empty(), "no log line says why the exchange was cut:\n"
+                                 << gateway.diagnostics());
+}
+
+BOOST_AUTO_TEST_CASE(spec_C38_content_length_above_max_streamed_body_is_413_and_not_forwarded) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(
+      upstream, "{ max_request_body: 64KiB, max_streamed_body: 1MiB, drain_timeout: 2s }")};
+  {
+    // Only the header: the answer must not wait for a body the gateway will not forward.
+    HttpConnection connection(kLoopback, gateway.port(), 10s);
+    connection.send_raw("POST /sink HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: " +
+                        std::to_string(2 * kMiB) + "\r\n\r\n");
+    const HttpResponse res = connection.read_response();
+    BOOST_TEST(is_problem(res, 413));
+  }
+  BOOST_TEST(upstream.counter("sink_requests") == 0u);
+  // Below max_streamed_body but above max_request_body: streamed, so it passes (SPEC C04, C38).
+  RawClient client(gateway.port());
+  std::uint64_t sent = 0;
+  const std::uint64_t n = 512 * kKiB;
+  BOOST_TEST_REQUIRE(!upload(client,
+                             "POST /sink HTTP/1.1\r\nHost: gateway.test\r\nContent-Length: " +
+                                 std::to_string(n) + "\r\n\r\n",
+                             n, false, sent));
+  const Download d = read_download(client, {}, false);
+  BOOST_TEST_REQUIRE(d.status == 200u, d.describe());
+  BOOST_TEST(json::parse(d.text).at("bytes").to_number<std::uint64_t>() == n);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C38_chunked_upload_passing_max_streamed_body_is_cut) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(
+      upstream, "{ max_request_body: 64KiB, max_streamed_body: 1MiB, drain_timeout: 2s }")};
+  RawClient client(gateway.port(), 10s);
+  std::uint64_t sent = 0;
+  const auto wec = upload(client,
+                          "POST /sink HTTP/1.1\r\nHost: gateway.test\r\n"
+                          "Transfer-Encoding: chunked\r\n\r\n",
+                          4 * kMiB, true, sent);
+  BOOST_TEST_MESSAGE("upload ended after " << sent << " bytes: " << wec.message());
+  // No response, or a cut one: never a complete answer.
+  const Download d = read_download(client, {}, false);
+  BOOST_TEST(!d.complete, d.describe());
+  BOOST_TEST(closed_by_peer(d.error), d.describe());
+  // The upstream got the first part as it came, then its connection was closed mid-body.
+  BOOST_TEST_REQUIRE(upstream.wait_for_counter("sink_incomplete", 1), gateway.diagnostics());
+  BOOST_TEST(upstream.counter("sink_done") == 0u);
+  const auto received = upstream.counter("sink_bytes_total");
+  BOOST_TEST(received > 0u);
+  BOOST_TEST(received <= kMiB);
+  const auto lines = log_lines_about(gateway.stderr_text(), "/sink",
+                                     {"max_streamed_body", "too large", "limit", "cut"});
+  BOOST_TEST(!lines.empty(), "no log line says why the upload was cut:\n" << gateway.diagnostics());
+}
+
+BOOST_AUTO_TEST_CASE(spec_C38_an_http10_client_gets_a_close_delimited_body) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(upstream, kDefaultLimits)};
+  // A chunked upstream body: its length is unknown until its end.
+  const std::uint64_t n = 3 * kMiB;
+  RawClient client(gateway.port());
+  BOOST_TEST_REQUIRE(
+      !client.write(get_request("/bytes?chunked=1&n=" + std::to_string(n), "HTTP/1.0")));
+  const Download d = read_download(client);
+  BOOST_TEST_REQUIRE(d.status == 200u, d.describe() << "\n" << gateway.diagnostics());
+  BOOST_TEST(!d.header("Transfer-Encoding").has_value(), d.describe());
+  BOOST_TEST(!d.header("Content-Length").has_value(),
+             "a streamed body of unknown length has no Content-Length: " << d.describe());
+  BOOST_TEST(d.complete, d.describe());
+  BOOST_TEST(d.bytes == n);
+  BOOST_TEST(d.pattern_ok);
+  char byte = 0;
+  std::size_t got = 0;
+  BOOST_TEST(closed_by_peer(client.read_some(&byte, 1, got)), "the connection stayed open");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C38_an_upstream_dying_mid_body_ends_the_client_response_visibly) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(upstream, kDefaultLimits)};
+  const std::uint64_t n = 300 * kKiB;
+  const std::uint64_t total = 2 * kMiB;
+  for (const bool chunked : {false, true}) {
+    BOOST_TEST_CONTEXT((chunked ? "chunked" : "Content-Length") << " upstream body") {
+      RawClient client(gateway.port());
+      BOOST_TEST_REQUIRE(!client.write(get_request("/die?n=" + std::to_string(n) +
+                                                   "&total=" + std::to_string(total) +
+                                                   (chunked ? "&chunked=1" : ""))));
+      const Download d = read_download(client);
+      BOOST_TEST_REQUIRE(d.status == 200u, d.describe() << "\n" << gateway.diagnostics());
+      if (chunked) {
+        BOOST_TEST(d.header("Transfer-Encoding").value_or("") == "chunked", d.describe());
+      } else {
+        BOOST_TEST(d.header("Content-Length").value_or("") == std::to_string(total), d.describe());
+      }
+      // Cut: fewer bytes than announced, or no terminating chunk; the connection closed.
+      BOOST_TEST(!d.complete, d.describe());
+      BOOST_TEST(d.bytes <= n);
+      BOOST_TEST(d.pattern_ok);
+      BOOST_TEST(closed_by_peer(d.error), d.describe());
+    }
+  }
+  BOOST_TEST(upstream.counter("died") == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C40_websocket_echo_through_a_tunnel) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(upstream, kDefaultLimits, true)};
+  WsClient ws(gateway.port(), "tunnel.test", "/ws");
+  for (int i = 0; i < 5; ++i) {
+    const bool binary = i % 2 == 1;
+    // Text messages, and binary ones larger than one stream_buffer.
+    const std::string message = binary ? pattern_text(100 * kKiB + static_cast<std::size_t>(i),
+                                                      static_cast<std::uint64_t>(i))
+                                       : "hello " + std::to_string(i);
+    BOOST_TEST_REQUIRE(!ws.send(message, binary));
+    std::string echoed;
+    const auto ec = ws.receive(echoed);
+    BOOST_TEST_REQUIRE(!ec, ec.message());
+    BOOST_TEST((echoed == message), "message " << i << " came back changed (" << echoed.size()
+                                               << " bytes of " << message.size() << ")");
+  }
+  BOOST_TEST(!ws.close());
+  BOOST_TEST(upstream.counter("ws_sessions") == 1u);
+  BOOST_TEST(upstream.counter("ws_messages") == 5u);
+  BOOST_TEST(upstream.wait_for_counter_equal("ws_open", 0));
+}
+
+BOOST_AUTO_TEST_CASE(spec_C40_an_idle_tunnel_is_closed_after_tunnel_idle_timeout) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(
+      upstream, "{ max_request_body: 1MiB, tunnel_idle_timeout: 1s, drain_timeout: 2s }", true)};
+  WsClient ws(gateway.port(), "tunnel.test", "/ws");
+  BOOST_TEST_REQUIRE(!ws.send("ping", false));
+  std::string echoed;
+  BOOST_TEST_REQUIRE(!ws.receive(echoed));
+  // Nothing moves from here: the gateway closes the tunnel after ~1 s (the default
+  // idle_timeout of 60 s does not apply to it).
+  const auto quiet = Clock::now();
+  const auto ec = ws.receive(echoed);
+  const double closed_after = seconds_since(quiet);
+  BOOST_TEST_MESSAGE("tunnel closed " << closed_after
+                                      << " s after the last message: " << ec.message());
+  BOOST_TEST((ec && ec != asio::error::timed_out), ec.message());
+  BOOST_TEST(closed_after >= 0.9);
+  BOOST_TEST(closed_after < 5.0);
+  BOOST_TEST(upstream.wait_for_counter_equal("ws_open", 0), "the upstream side stayed open");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C40_h2c_is_never_tunnelled_and_upgrade_is_stripped) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(upstream, kDefaultLimits, true)};
+  // On the websocket route and elsewhere alike.
+  for (const std::string host : {"tunnel.test", "gateway.test"}) {
+    BOOST_TEST_CONTEXT("Host " << host) {
+      HttpConnection connection(kLoopback, gateway.port(), 10s);
+      const HttpResponse res = connection.request({"GET",
+                                                   "/headers",
+                                                   {{"Host", host},
+                                                    {"Connection", "Upgrade, HTTP2-Settings"},
+                                                    {"Upgrade", "h2c"},
+                                                    {"HTTP2-Settings", "AAMAAABkAARAAAAAAAIAAAAA"}},
+                                                   ""});
+      BOOST_TEST_REQUIRE(res.status == 200u, gateway.explain(res));
+      BOOST_TEST(!res.header("Upgrade").has_value(), describe(res));
+      const json::value seen = json::parse(res.body);
+      for (const auto& field : seen.at("headers").as_array()) {
+        const std::string name(field.as_array().at(0).as_string());
+        BOOST_TEST(!beast::iequals(name, "Upgrade"), res.body);
+        BOOST_TEST(!beast::iequals(name, "HTTP2-Settings"), res.body);
+        BOOST_TEST(!beast::iequals(name, "Connection"), res.body);
+      }
+      // The connection is still plain HTTP/1.1.
+      const HttpResponse next = connection.request({"GET", "/stats", {{"Host", host}}, ""});
+      BOOST_TEST(next.status == 200u, describe(next));
+    }
+  }
+  BOOST_TEST(upstream.counter("h2c_upgrades") == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C40_websocket_on_a_route_without_upgrade_is_not_tunnelled) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(upstream, kDefaultLimits, true)};
+  const HeaderList upgrade = {{"Host", "no-upgrade.test"},
+                              {"Connection", "Upgrade"},
+                              {"Upgrade", "websocket"},
+                              {"Sec-WebSocket-Version", "13"},
+                              {"Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}};
+  HttpConnection connection(kLoopback, gateway.port(), 10s);
+  // The upstream answers a /ws request without an upgrade with 426: an ordinary response.
+  const HttpResponse res = connection.request({"GET", "/ws", upgrade, ""});
+  BOOST_TEST(res.status == 426u, gateway.explain(res));
+  BOOST_TEST(!res.header("Upgrade").has_value(), describe(res));
+  const HttpResponse seen = connection.request({"GET", "/headers", upgrade, ""});
+  BOOST_TEST_REQUIRE(seen.status == 200u, gateway.explain(seen));
+  for (const auto& field : json::parse(seen.body).at("headers").as_array()) {
+    const std::string name(field.as_array().at(0).as_string());
+    BOOST_TEST(!beast::iequals(name, "Upgrade"), seen.body);
+    BOOST_TEST(!beast::iequals(name, "Connection"), seen.body);
+  }
+  BOOST_TEST(upstream.counter("ws_sessions") == 0u);
+  BOOST_CHECK_THROW(WsClient(gateway.port(), "no-upgrade.test", "/ws"), std::exception);
+  BOOST_TEST(upstream.counter("ws_sessions") == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C40_a_tunnel_logs_bytes_in_and_out_and_counts_open_tunnels) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(upstream, kDefaultLimits, true)};
+  const std::uint16_t admin = admin_port(gateway);
+  const auto open_tunnels = [&] {
+    const HttpResponse res = http_request(kLoopback, admin, {"GET", "/metrics", {}, ""});
+    return ops::metric_value(res.body, "idemgate_open_tunnels");
+  };
+  const std::size_t size = 10000;
+  {
+    WsClient ws(gateway.port(), "tunnel.test", "/ws");
+    for (int i = 0; i < 3; ++i) {
+      BOOST_TEST_REQUIRE(!ws.send(pattern_text(size), true));
+      std::string echoed;
+      BOOST_TEST_REQUIRE(!ws.receive(echoed));
+      BOOST_TEST(echoed.size() == size);
+    }
+    const auto gauge = open_tunnels();
+    BOOST_TEST_REQUIRE(gauge.has_value(), "no idemgate_open_tunnels on /metrics");
+    BOOST_TEST(*gauge == 1.0);
+    BOOST_TEST(!ws.close());
+  }
+  const auto deadline = Clock::now() + kEventDeadline;
+  while (open_tunnels().value_or(-1) != 0.0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  BOOST_TEST(open_tunnels().value_or(-1) == 0.0);
+
+  std::vector<json::object> tunnels;
+  for (const auto& o : log_objects(gateway.stderr_text()))
+    if (str(o, "outcome") == "tunnel") tunnels.push_back(o);
+  BOOST_TEST_REQUIRE(tunnels.size() == 1u, gateway.diagnostics());
+  const json::object& line = tunnels.front();
+  BOOST_TEST(str(line, "route") == "tunnel");
+  BOOST_TEST(line.at("status").to_number<unsigned>() == 101u);
+  // Each way at least the three payloads (frame headers and masks come on top).
+  BOOST_TEST(line.at("bytes_in").to_number<std::uint64_t>() >= 3 * size, json::serialize(line));
+  BOOST_TEST(line.at("bytes_out").to_number<std::uint64_t>() >= 3 * size, json::serialize(line));
+  BOOST_TEST(line.at("total_ms").to_number<double>() >= 0.0, json::serialize(line));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
