@@ -309,15 +309,14 @@ std::string str(const json::object& o, const char* key) {
   return v && v->is_string() ? std::string(v->as_string()) : "";
 }
 
-/// Lines of the log that mention `target` and, case-insensitively, any of `words` in a
-/// value (the exchange was cut and the gateway said why).
-std::vector<std::string> log_lines_about(const std::string& text, const std::string& target,
-                                         std::initializer_list<std::string_view> words) {
+/// Lines of `text` after its first `from` characters that contain, case-insensitively, any of
+/// `words` (the exchange was cut and the gateway said why).
+std::vector<std::string> log_lines_with(const std::string& text, std::size_t from,
+                                        std::initializer_list<std::string_view> words) {
   std::vector<std::string> out;
-  std::istringstream in(text);
+  std::istringstream in(text.substr(std::min(from, text.size())));
   std::string line;
   while (std::getline(in, line)) {
-    if (line.find(target) == std::string::npos) continue;
     std::string lower = line;
     for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     for (const auto word : words)
@@ -585,6 +584,7 @@ BOOST_AUTO_TEST_CASE(spec_C38_a_stalled_reader_is_cut_after_idle_timeout) {
       stream_config(upstream, "{ max_request_body: 1MiB, idle_timeout: 1s, drain_timeout: 2s }")};
   const std::uint64_t n = 256 * kMiB;
   const std::string target = "/bytes?n=" + std::to_string(n);
+  const std::size_t log_start = gateway.stderr_text().size();
   RawClient client(gateway.port(), 30s, static_cast<int>(64 * kKiB));
   BOOST_TEST_REQUIRE(!client.write(get_request(target)));
   BOOST_TEST_REQUIRE(!client.read_header());
@@ -605,7 +605,7 @@ BOOST_AUTO_TEST_CASE(spec_C38_a_stalled_reader_is_cut_after_idle_timeout) {
   BOOST_TEST(!d.complete, d.describe());
   BOOST_TEST(d.bytes < n);
   BOOST_TEST(closed_by_peer(d.error), d.describe());
-  const auto lines = log_lines_about(gateway.stderr_text(), "/bytes", {"idle", "timeout", "cut"});
+  const auto lines = log_lines_with(gateway.stderr_text(), log_start, {"idle", "timeout", "cut"});
   BOOST_TEST(!lines.empty(), "no log line says why the exchange was cut:\n"
                                  << gateway.diagnostics());
 }
@@ -640,6 +640,7 @@ BOOST_AUTO_TEST_CASE(spec_C38_chunked_upload_passing_max_streamed_body_is_cut) {
   StreamUpstream upstream;
   Gateway gateway{stream_config(
       upstream, "{ max_request_body: 64KiB, max_streamed_body: 1MiB, drain_timeout: 2s }")};
+  const std::size_t log_start = gateway.stderr_text().size();
   RawClient client(gateway.port(), 10s);
   std::uint64_t sent = 0;
   const auto wec = upload(client,
@@ -657,8 +658,8 @@ BOOST_AUTO_TEST_CASE(spec_C38_chunked_upload_passing_max_streamed_body_is_cut) {
   const auto received = upstream.counter("sink_bytes_total");
   BOOST_TEST(received > 0u);
   BOOST_TEST(received <= kMiB);
-  const auto lines = log_lines_about(gateway.stderr_text(), "/sink",
-                                     {"max_streamed_body", "too large", "limit", "cut"});
+  const auto lines = log_lines_with(gateway.stderr_text(), log_start,
+                                    {"max_streamed_body", "too large", "limit", "cut"});
   BOOST_TEST(!lines.empty(), "no log line says why the upload was cut:\n" << gateway.diagnostics());
 }
 
@@ -849,6 +850,29 @@ BOOST_AUTO_TEST_CASE(spec_C40_a_tunnel_logs_bytes_in_and_out_and_counts_open_tun
   BOOST_TEST(line.at("bytes_in").to_number<std::uint64_t>() >= 3 * size, json::serialize(line));
   BOOST_TEST(line.at("bytes_out").to_number<std::uint64_t>() >= 3 * size, json::serialize(line));
   BOOST_TEST(line.at("total_ms").to_number<double>() >= 0.0, json::serialize(line));
+}
+
+BOOST_AUTO_TEST_CASE(spec_C40_sigterm_closes_tunnels_at_the_end_of_drain_timeout) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(upstream, kDefaultLimits, true)};  // drain_timeout: 2s
+  WsClient ws(gateway.port(), "tunnel.test", "/ws");
+  BOOST_TEST_REQUIRE(!ws.send("before", false));
+  std::string echoed;
+  BOOST_TEST_REQUIRE(!ws.receive(echoed));
+  const auto term = Clock::now();
+  gateway.signal(SIGTERM);
+  // The tunnel still carries messages during the drain.
+  std::this_thread::sleep_for(500ms);
+  BOOST_TEST_REQUIRE(!ws.send("during the drain", false));
+  BOOST_TEST_REQUIRE(!ws.receive(echoed), gateway.diagnostics());
+  BOOST_TEST(echoed == "during the drain");
+  const auto ec = ws.receive(echoed);
+  const double closed_after = seconds_since(term);
+  BOOST_TEST_MESSAGE("tunnel closed " << closed_after << " s after SIGTERM: " << ec.message());
+  BOOST_TEST((ec && ec != asio::error::timed_out), ec.message());
+  BOOST_TEST(closed_after >= 1.8);
+  BOOST_TEST(closed_after < 6.0);
+  BOOST_TEST(gateway.stop() == 0);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
