@@ -541,7 +541,8 @@ BOOST_AUTO_TEST_CASE(spec_C38_a_1_gib_upload_passes_with_bounded_gateway_rss) {
                          << " KiB, max " << rss.max() / kKiB << " KiB");
       BOOST_TEST(!wec, "write failed after " << sent << " bytes: " << wec.message() << "; "
                                              << d.describe());
-      BOOST_TEST_REQUIRE(d.status == 200u, d.describe() << "\n" << gateway.diagnostics());
+      BOOST_TEST(d.status == 200u, d.describe() << "\n" << gateway.diagnostics());
+      if (d.status != 200) continue;  // the other variant still runs
       BOOST_TEST(d.complete, d.describe());
       const json::value answer = json::parse(d.text);
       BOOST_TEST(answer.at("bytes").to_number<std::uint64_t>() == kGiB, d.text);
@@ -587,15 +588,19 @@ BOOST_AUTO_TEST_CASE(spec_C38_a_slow_reader_that_keeps_progressing_is_not_cut) {
   const std::uint64_t n = 96 * kMiB;
   RawClient client(gateway.port(), 30s, static_cast<int>(64 * kKiB));
   BOOST_TEST_REQUIRE(!client.write(get_request("/bytes?n=" + std::to_string(n))));
-  // ~3 s of reading 64 KiB every ~300 ms (three times the idle timeout), then the rest at once.
+  // ~3 s (three times the idle timeout) of reading 1 MiB, then pausing ~300 ms; then the rest at
+  // once. Each pause must free enough of the gateway's socket send buffer for the kernel to
+  // report it writable again (a third of it, up to 4 MiB on loopback), or the gateway would
+  // see no progress however steadily the client reads.
   const auto slow_until = Clock::now() + 3s;
+  std::uint64_t next_pause = kMiB;
   std::uint64_t written_after_slow_phase = 0;
-  const Download d = read_download(client, [&](std::uint64_t) {
-    if (Clock::now() < slow_until) {
-      std::this_thread::sleep_for(300ms);
-      if (Clock::now() >= slow_until)
-        written_after_slow_phase = upstream.counter("bytes_written_total");
-    }
+  const Download d = read_download(client, [&](std::uint64_t bytes) {
+    if (bytes < next_pause || Clock::now() >= slow_until) return;
+    std::this_thread::sleep_for(300ms);
+    next_pause = bytes + kMiB;
+    if (Clock::now() >= slow_until)
+      written_after_slow_phase = upstream.counter("bytes_written_total");
   });
   BOOST_TEST_REQUIRE(d.status == 200u, d.describe() << "\n" << gateway.diagnostics());
   BOOST_TEST(d.complete, d.describe() << "\n" << gateway.diagnostics());
@@ -676,10 +681,19 @@ BOOST_AUTO_TEST_CASE(spec_C38_chunked_upload_passing_max_streamed_body_is_cut) {
                           "Transfer-Encoding: chunked\r\n\r\n",
                           4 * kMiB, true, sent);
   BOOST_TEST_MESSAGE("upload ended after " << sent << " bytes: " << wec.message());
-  // No response, or a cut one: never a complete answer.
+  // No response, a cut one, or a 413 problem: never the upstream's answer; then the
+  // connection closes.
   const Download d = read_download(client, {}, false);
-  BOOST_TEST(!d.complete, d.describe());
-  BOOST_TEST(closed_by_peer(d.error), d.describe());
+  if (d.complete) {
+    BOOST_TEST(d.status == 413u, d.describe());
+    BOOST_TEST(d.header("Content-Type").value_or("") == "application/problem+json", d.describe());
+    char byte = 0;
+    std::size_t got = 0;
+    const auto ec = client.read_some(&byte, 1, got);
+    BOOST_TEST(closed_by_peer(ec), "the connection stayed open: " << ec.message());
+  } else {
+    BOOST_TEST(closed_by_peer(d.error), d.describe());
+  }
   // The upstream got the first part as it came, then its connection was closed mid-body.
   BOOST_TEST_REQUIRE(upstream.wait_for_counter("sink_incomplete", 1), gateway.diagnostics());
   BOOST_TEST(upstream.counter("sink_done") == 0u);
@@ -707,9 +721,8 @@ BOOST_AUTO_TEST_CASE(spec_C38_an_http10_client_gets_a_close_delimited_body) {
   BOOST_TEST(d.complete, d.describe());
   BOOST_TEST(d.bytes == n);
   BOOST_TEST(d.pattern_ok);
-  char byte = 0;
-  std::size_t got = 0;
-  BOOST_TEST(closed_by_peer(client.read_some(&byte, 1, got)), "the connection stayed open");
+  // Neither length nor chunks: the parser could only end the body at the connection's close.
+  BOOST_TEST(client.parser().need_eof(), d.describe());
 }
 
 BOOST_AUTO_TEST_CASE(spec_C38_an_upstream_dying_mid_body_ends_the_client_response_visibly) {
@@ -830,7 +843,8 @@ BOOST_AUTO_TEST_CASE(spec_C40_websocket_on_a_route_without_upgrade_is_not_tunnel
   BOOST_TEST(!res.header("Upgrade").has_value(), describe(res));
   const HttpResponse seen = connection.request({"GET", "/headers", upgrade, ""});
   BOOST_TEST_REQUIRE(seen.status == 200u, gateway.explain(seen));
-  for (const auto& field : json::parse(seen.body).at("headers").as_array()) {
+  const json::value fields = json::parse(seen.body);
+  for (const auto& field : fields.at("headers").as_array()) {
     const std::string name(field.as_array().at(0).as_string());
     BOOST_TEST(!beast::iequals(name, "Upgrade"), seen.body);
     BOOST_TEST(!beast::iequals(name, "Connection"), seen.body);
