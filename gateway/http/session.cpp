@@ -251,7 +251,9 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
   bhttp::request_parser<bhttp::string_body> parser;
   parser.header_limit(static_cast<std::uint32_t>(
       std::min<std::size_t>(limits.max_header_bytes, std::numeric_limits<std::uint32_t>::max())));
-  parser.body_limit(static_cast<std::uint64_t>(limits.max_request_body));
+  // The body limit depends on the route: max_request_body for a request the handler holds,
+  // max_streamed_body for a streamed one (C04, C38). It is set once the header is routed.
+  parser.body_limit(boost::none);
   check_chunk_extensions(parser);  // RFC 9112 §7.1.1, C03
 
   HandlerResult result;
@@ -363,6 +365,14 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
     }
   }
 
+  if (!reject && !parser.is_done()) {
+    // A held body (C04): a declared length over the limit is refused before any body byte.
+    parser.body_limit(static_cast<std::uint64_t>(limits.max_request_body));
+    if (const auto length = parser.content_length(); length && *length > limits.max_request_body) {
+      reject = Problem::payload_too_large;
+      reject_detail = problem_detail(Problem::payload_too_large, limits, {});
+    }
+  }
   if (!reject && !parser.is_done()) {
     const auto expect = parser.get()[bhttp::field::expect];
     if (version >= 11 && beast::iequals(expect, "100-continue")) {
