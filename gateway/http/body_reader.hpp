@@ -6,11 +6,14 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/stream_traits.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/system/error_code.hpp>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include "gateway/http/headers.hpp"
@@ -48,10 +51,15 @@ void check_chunk_extensions(boost::beast::http::parser<isRequest, Body, Allocato
 /// come back as values: the parser's own (body_limit, bad_chunk, bad_chunk_extension from
 /// check_chunk_extensions, ...), buffer_overflow when a line does not fit the buffer,
 /// partial_message when the peer closes first, or the stream's error (timeout, reset).
+///
+/// `per_read` (optional): each read from the stream must complete within it (the expiry of the
+/// stream's TCP layer is set before every read), so a peer that keeps sending is never cut by a
+/// total (SPEC C07, C38); without it, the caller's expiry covers the whole body.
 template <class Stream, bool isRequest, class Body, class Allocator>
 boost::asio::awaitable<boost::system::error_code> async_read_body(
     Stream& stream, boost::beast::flat_buffer& buffer,
-    boost::beast::http::parser<isRequest, Body, Allocator>& parser) {
+    boost::beast::http::parser<isRequest, Body, Allocator>& parser,
+    std::optional<std::chrono::steady_clock::duration> per_read = std::nullopt) {
   namespace bhttp = boost::beast::http;
   using boost::system::error_code;
   constexpr std::size_t kReadSize = 64 * 1024;
@@ -69,6 +77,7 @@ boost::asio::awaitable<boost::system::error_code> async_read_body(
     }
     const std::size_t room = std::min(kReadSize, buffer.max_size() - buffer.size());
     if (room == 0) co_return bhttp::error::buffer_overflow;
+    if (per_read) boost::beast::get_lowest_layer(stream).expires_after(*per_read);
     auto [rec, n] = co_await stream.async_read_some(buffer.prepare(room), use_nothrow);
     buffer.commit(n);
     if (rec == boost::asio::error::eof) {

@@ -384,8 +384,8 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
     // Trailer fields would be merged into the header: keep the header as it arrived.
     std::optional<bhttp::request_header<>> header;
     if (parser.chunked()) header = parser.get().base();
-    lowest().expires_after(limits.idle_timeout);
-    const auto bec = co_await async_read_body(stream_, buffer, parser);
+    // Each read must progress within idle_timeout; a slow but steady upload is not cut (C07).
+    const auto bec = co_await async_read_body(stream_, buffer, parser, limits.idle_timeout);
     if (bec) {
       reject = problem_for(bec);
       if (!reject) co_return false;
@@ -454,15 +454,22 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
 
   Response& res = result.response;
   finalize_response(res, version, keep_alive, head);
-  lowest().expires_after(limits.idle_timeout);
+  // Written piece by piece, each within idle_timeout: a client that reads a large held answer
+  // slowly but steadily gets all of it (C07); one that stops reading is cut.
   boost::system::error_code wec;
-  if (head && status_has_body(res.result_int())) {
+  {
     bhttp::response_serializer<bhttp::string_body> serializer{res};
-    auto [ec, n] = co_await bhttp::async_write_header(stream_, serializer, use_nothrow);
-    wec = ec;
-  } else {
-    auto [ec, n] = co_await bhttp::async_write(stream_, res, use_nothrow);
-    wec = ec;
+    const bool header_only = head && status_has_body(res.result_int());
+    while (!wec && !(header_only ? serializer.is_header_done() : serializer.is_done())) {
+      lowest().expires_after(limits.idle_timeout);
+      if (header_only) {
+        auto [ec, n] = co_await bhttp::async_write_header(stream_, serializer, use_nothrow);
+        wec = ec;
+      } else {
+        auto [ec, n] = co_await bhttp::async_write_some(stream_, serializer, use_nothrow);
+        wec = ec;
+      }
+    }
   }
   if (wec) keep_alive = false;
 

@@ -917,4 +917,76 @@ BOOST_AUTO_TEST_CASE(spec_C40_sigterm_closes_tunnels_at_the_end_of_drain_timeout
   BOOST_TEST(gateway.stop() == 0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Held (keyed) requests: timeouts measure progress, not totals (C07)
+
+namespace {
+
+/// Every POST on one keyed route (mode required): the gateway holds request and response.
+GatewayConfig keyed_config(const StreamUpstream& upstream, const std::string& limits) {
+  GatewayConfig config;
+  config.upstreams = {{"up", {upstream.address()}}};
+  config.limits = limits;
+  config.routes_yaml =
+      "  - name: keyed\n"
+      "    match: { path_prefix: / }\n"
+      "    upstream: up\n"
+      "    idempotency: { mode: required, methods: [POST] }\n";
+  return config;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C07_a_slow_steady_reader_of_a_held_keyed_answer_gets_all_of_it) {
+  StreamUpstream upstream;
+  Gateway gateway{
+      keyed_config(upstream, "{ max_request_body: 1MiB, idle_timeout: 1s, drain_timeout: 2s }")};
+  const std::uint64_t n = 24 * kMiB;
+  RawClient client(gateway.port(), 30s, static_cast<int>(64 * kKiB));
+  BOOST_TEST_REQUIRE(!client.write("POST /bytes?n=" + std::to_string(n) +
+                                   " HTTP/1.1\r\nHost: gateway.test\r\nIdempotency-Key: " +
+                                   unique_name("slow-reader") + "\r\nContent-Length: 0\r\n\r\n"));
+  // ~3 s (three times idle_timeout) of reading 1 MiB, then pausing 300 ms: each write of the
+  // gateway progresses although the whole answer takes longer than idle_timeout.
+  const auto slow_until = Clock::now() + 3s;
+  std::uint64_t next_pause = kMiB;
+  const Download d = read_download(client, [&](std::uint64_t bytes) {
+    if (bytes < next_pause || Clock::now() >= slow_until) return;
+    std::this_thread::sleep_for(300ms);
+    next_pause = bytes + kMiB;
+  });
+  BOOST_TEST_REQUIRE(d.status == 200u, d.describe() << "\n" << gateway.diagnostics());
+  BOOST_TEST(d.complete, d.describe() << "\n" << gateway.diagnostics());
+  BOOST_TEST(d.bytes == n);
+  BOOST_TEST(d.pattern_ok);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C07_a_slow_steady_upload_of_a_held_keyed_body_is_answered) {
+  StreamUpstream upstream;
+  Gateway gateway{
+      keyed_config(upstream, "{ max_request_body: 8MiB, idle_timeout: 1s, drain_timeout: 2s }")};
+  const std::uint64_t n = 4 * kMiB;
+  const std::uint64_t piece = 256 * kKiB;
+  RawClient client(gateway.port());
+  BOOST_TEST_REQUIRE(!client.write(
+      "POST /sink HTTP/1.1\r\nHost: gateway.test\r\nIdempotency-Key: " +
+      unique_name("slow-upload") + "\r\nContent-Length: " + std::to_string(n) + "\r\n\r\n"));
+  // 16 pieces 300 ms apart: ~4.5 s in all, each piece well within idle_timeout.
+  const auto start = Clock::now();
+  for (std::uint64_t sent = 0; sent < n; sent += piece) {
+    std::string bytes(piece, '\0');
+    for (std::uint64_t i = 0; i < piece; ++i)
+      bytes[i] = static_cast<char>(static_cast<unsigned char>((sent + i) % 251));
+    BOOST_TEST_REQUIRE(!client.write(bytes),
+                       "the gateway cut the upload after " << sent << " bytes");
+    std::this_thread::sleep_for(300ms);
+  }
+  BOOST_TEST_MESSAGE("upload took " << seconds_since(start) << " s");
+  const Download d = read_download(client, {}, false);
+  BOOST_TEST_REQUIRE(d.status == 200u, d.describe() << "\n" << gateway.diagnostics());
+  const json::value answer = json::parse(d.text);
+  BOOST_TEST(answer.at("bytes").to_number<std::uint64_t>() == n, d.text);
+  BOOST_TEST(answer.at("pattern_ok").as_bool(), d.text);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
