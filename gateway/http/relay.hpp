@@ -40,6 +40,7 @@ struct RelayRequest {
   /// The client asked to upgrade to WebSocket on a route that allows it (C40): the request goes
   /// out with `Connection: upgrade` and `Upgrade: websocket`, and a 101 opens a tunnel.
   bool websocket = false;
+  /// Both point into the configuration snapshot the session holds until relay() returns.
   const config::Limits* limits = nullptr;
   const config::Upstream* upstream = nullptr;
   UpstreamPool* pool = nullptr;

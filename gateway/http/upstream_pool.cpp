@@ -237,8 +237,10 @@ asio::awaitable<Attempt> exchange(Stream* stream, beast::tcp_stream* tcp, const 
   co_return attempt;
 }
 
+// `upstream` must stay valid until the returned awaitable completes.
 asio::awaitable<boost::system::error_code> open(UpstreamPool::Connection* connection,
-                                                config::Server server, config::Upstream upstream) {
+                                                config::Server server,
+                                                const config::Upstream& upstream) {
   auto ec = co_await connect(&connection->tcp(), server, upstream.connect_timeout);
   if (ec || !connection->tls_stream) co_return ec;
   const std::string name =
@@ -342,10 +344,8 @@ ByteStream UpstreamPool::stream_of(Connection& connection) {
   return connection.tls_stream ? ByteStream(*connection.tls_stream) : ByteStream(*connection.plain);
 }
 
-asio::awaitable<UpstreamPool::Lease> UpstreamPool::lease(const config::Upstream& upstream_ref,
+asio::awaitable<UpstreamPool::Lease> UpstreamPool::lease(const config::Upstream& upstream,
                                                          bool allow_pooled) {
-  // A copy: the reference is only promised until the first suspension.
-  const config::Upstream upstream = upstream_ref;
   Lease out;
   out.connection = {nullptr, &delete_connection};
   UpstreamState* const state = state_for(upstream, out.detail);
@@ -380,9 +380,8 @@ asio::awaitable<UpstreamPool::Lease> UpstreamPool::lease(const config::Upstream&
   co_return out;
 }
 
-asio::awaitable<UpstreamPool::Lease> UpstreamPool::reconnect(const config::Upstream& upstream_ref,
+asio::awaitable<UpstreamPool::Lease> UpstreamPool::reconnect(const config::Upstream& upstream,
                                                              config::Server server) {
-  const config::Upstream upstream = upstream_ref;
   Lease out;
   out.connection = {nullptr, &delete_connection};
   out.server = server;

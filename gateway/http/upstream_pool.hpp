@@ -68,7 +68,8 @@ class UpstreamPool final : public Forwarder {
 
   /// A connection to one of `upstream`'s servers: round robin, the next server only after a
   /// connect failure (C08); an idle pooled one when `allow_pooled`. Never throws for network
-  /// errors: a null `connection` and a `detail` instead.
+  /// errors: a null `connection` and a `detail` instead. `upstream` must stay valid until the
+  /// returned awaitable completes (the caller holds its configuration snapshot).
   boost::asio::awaitable<Lease> lease(const config::Upstream& upstream, bool allow_pooled);
   /// A fresh connection to `server` of `upstream` (the C08 retry of a stale pooled connection).
   boost::asio::awaitable<Lease> reconnect(const config::Upstream& upstream, config::Server server);
