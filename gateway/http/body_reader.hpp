@@ -7,6 +7,7 @@
 #include <boost/asio/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/stream_traits.hpp>
+#include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/system/error_code.hpp>
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 
 #include "gateway/http/headers.hpp"
 #include "gateway/http/use_nothrow.hpp"
@@ -52,9 +54,12 @@ void check_chunk_extensions(boost::beast::http::parser<isRequest, Body, Allocato
 /// check_chunk_extensions, ...), buffer_overflow when a line does not fit the buffer,
 /// partial_message when the peer closes first, or the stream's error (timeout, reset).
 ///
+/// With a buffer_body parser it reads one piece instead: it returns as soon as body bytes are in
+/// the body's buffer (body().size has shrunk) or the buffer is full, for relaying (SPEC C38).
+///
 /// `per_read` (optional): each read from the stream must complete within it (the expiry of the
-/// stream's TCP layer is set before every read), so a peer that keeps sending is never cut by a
-/// total (SPEC C07, C38); without it, the caller's expiry covers the whole body.
+/// stream's lowest layer is set before every read), so a peer that keeps sending is never cut by
+/// a total (SPEC C07, C38); without it, the caller's expiry covers the whole body.
 template <class Stream, bool isRequest, class Body, class Allocator>
 boost::asio::awaitable<boost::system::error_code> async_read_body(
     Stream& stream, boost::beast::flat_buffer& buffer,
@@ -63,7 +68,10 @@ boost::asio::awaitable<boost::system::error_code> async_read_body(
   namespace bhttp = boost::beast::http;
   using boost::system::error_code;
   constexpr std::size_t kReadSize = 64 * 1024;
+  constexpr bool kPiece = std::is_same_v<Body, bhttp::buffer_body>;
 
+  std::size_t room = 0;  // kPiece: the body buffer's free bytes when called
+  if constexpr (kPiece) room = parser.get().body().size;
   parser.eager(true);
   for (;;) {
     if (parser.is_done()) co_return error_code{};
@@ -71,14 +79,20 @@ boost::asio::awaitable<boost::system::error_code> async_read_body(
       error_code ec;
       const std::size_t used = parser.put(buffer.data(), ec);
       buffer.consume(used);
+      if constexpr (kPiece) {
+        if (ec == bhttp::error::need_buffer) co_return error_code{};  // the piece is full
+      }
       if (ec && ec != bhttp::error::need_more) co_return ec;
       if (parser.is_done()) co_return error_code{};
+      if constexpr (kPiece) {
+        if (parser.get().body().size < room) co_return error_code{};
+      }
       if (!ec && used > 0) continue;
     }
-    const std::size_t room = std::min(kReadSize, buffer.max_size() - buffer.size());
-    if (room == 0) co_return bhttp::error::buffer_overflow;
+    const std::size_t free = std::min(kReadSize, buffer.max_size() - buffer.size());
+    if (free == 0) co_return bhttp::error::buffer_overflow;
     if (per_read) boost::beast::get_lowest_layer(stream).expires_after(*per_read);
-    auto [rec, n] = co_await stream.async_read_some(buffer.prepare(room), use_nothrow);
+    auto [rec, n] = co_await stream.async_read_some(buffer.prepare(free), use_nothrow);
     buffer.commit(n);
     if (rec == boost::asio::error::eof) {
       // The end of a body delimited by the connection's close (RFC 9112 §6.3 item 8), or a

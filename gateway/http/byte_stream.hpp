@@ -10,6 +10,7 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
 #include <boost/system/error_code.hpp>
+#include <chrono>
 #include <cstddef>
 #include <utility>
 
@@ -31,6 +32,8 @@ class ByteStream {
   /// The TCP layer: expiry (timeouts), close, the socket.
   boost::beast::tcp_stream& tcp() { return *tcp_; }
   bool is_tls() const { return tls_ != nullptr; }
+  /// The next operation's deadline (beast::get_lowest_layer of a ByteStream is itself).
+  void expires_after(std::chrono::steady_clock::duration d) { tcp_->expires_after(d); }
 
   template <class MutableBufferSequence, class Token>
   auto async_read_some(const MutableBufferSequence& buffers, Token&& token) {

@@ -30,9 +30,6 @@ namespace {
 
 using StreamResponseParser = bhttp::response_parser<bhttp::buffer_body>;
 
-/// The largest single read from a socket into a parser's buffer.
-constexpr std::size_t kReadSize = 64 * 1024;
-
 bool closed_before_answer(const error_code& ec) {
   return ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
          ec == asio::error::connection_reset || ec == asio::error::broken_pipe ||
@@ -43,42 +40,17 @@ std::string server_text(const config::Server& server) {
   return server.host + ":" + std::to_string(server.port);
 }
 
-/// Reads from `stream` through `buffer` into `parser`'s body buffer [`data`, `data + size`) until
-/// some body bytes are there, the message is done, or an error. Like async_read_body, never
-/// hands the parser fewer than kMinChunkedPut bytes of a chunked body. `timeout` bounds each
-/// read (progress, not the total). On return body().size is what is left of `size`.
+/// One piece of a body into [`data`, `data + size`) (async_read_body with a buffer_body parser):
+/// on return body().size is what is left of `size`. `timeout` bounds each read (progress).
 template <bool isRequest>
 asio::awaitable<error_code> read_body_piece(ByteStream stream, beast::flat_buffer& buffer,
                                             bhttp::parser<isRequest, bhttp::buffer_body>& parser,
                                             char* data, std::size_t size,
                                             config::Duration timeout) {
-  auto& body = parser.get().body();
-  body.data = data;
-  body.size = size;
-  for (;;) {
-    if (parser.is_done()) co_return error_code{};
-    if (buffer.size() > 0 && (!parser.chunked() || buffer.size() >= kMinChunkedPut)) {
-      error_code ec;
-      const std::size_t used = parser.put(buffer.data(), ec);
-      buffer.consume(used);
-      if (ec == bhttp::error::need_buffer) co_return error_code{};  // the piece is full
-      if (ec && ec != bhttp::error::need_more) co_return ec;
-      if (body.size < size || parser.is_done()) co_return error_code{};
-      if (!ec && used > 0) continue;
-    }
-    const std::size_t room = std::min(kReadSize, buffer.max_size() - buffer.size());
-    if (room == 0) co_return bhttp::error::buffer_overflow;
-    stream.tcp().expires_after(timeout);
-    auto [rec, n] = co_await stream.async_read_some(buffer.prepare(room), use_nothrow);
-    buffer.commit(n);
-    if (rec == asio::error::eof) {
-      // A body delimited by the close (RFC 9112 §6.3 item 8), or one cut short: put_eof tells.
-      error_code eec;
-      parser.put_eof(eec);
-      co_return eec;
-    }
-    if (rec) co_return rec;
-  }
+  parser.get().body().data = data;
+  parser.get().body().size = size;
+  co_return co_await async_read_body(stream, buffer, parser,
+                                     std::chrono::duration_cast<Clock::duration>(timeout));
 }
 
 /// Writes what the serializer has (the header first, then the body piece the parser left in the
