@@ -149,11 +149,6 @@ class StreamUpstream {
   std::uint16_t port_ = 0;
 };
 
-/// Byte `offset` of every stream-upstream body: offset % 251.
-inline char pattern_byte(std::uint64_t offset) {
-  return static_cast<char>(offset % 251);
-}
-
 // ---------------------------------------------------------------------------------------------
 
 /// A request as the in-test upstream received it.

@@ -29,6 +29,7 @@
 #include <thread>
 
 #include "tests/ops/ops_support.hpp"
+#include "tests/support/pattern_body.hpp"
 
 namespace {
 
@@ -54,37 +55,8 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-/// Bytes [offset % 251, offset % 251 + n) of this table are the pattern bytes [offset, offset + n)
-/// for n ≤ kPiece: filling and checking at memcpy/memcmp speed (the ASan build is unoptimised).
-const std::vector<char>& pattern_table() {
-  static const std::vector<char> table = [] {
-    std::vector<char> t(kPiece + 251);
-    for (std::size_t i = 0; i < t.size(); ++i) t[i] = pattern_byte(i);
-    return t;
-  }();
-  return table;
-}
-
-void fill_pattern(char* out, std::size_t n, std::uint64_t offset) {
-  while (n > 0) {
-    const std::size_t len = std::min(n, kPiece);
-    std::memcpy(out, pattern_table().data() + offset % 251, len);
-    out += len;
-    offset += len;
-    n -= len;
-  }
-}
-
-bool pattern_matches(const char* data, std::size_t n, std::uint64_t offset) {
-  while (n > 0) {
-    const std::size_t len = std::min(n, kPiece);
-    if (std::memcmp(data, pattern_table().data() + offset % 251, len) != 0) return false;
-    data += len;
-    offset += len;
-    n -= len;
-  }
-  return true;
-}
+using idemgate::test::fill_pattern;
+using idemgate::test::pattern_matches;
 
 /// Runs one asynchronous operation on `io` to completion, or closes `socket` after `timeout`
 /// (then the result is asio::error::timed_out). Blocking calls with a bound, without a clock.

@@ -53,6 +53,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tests/support/pattern_body.hpp"
+
 namespace {
 
 namespace asio = boost::asio;
@@ -65,7 +67,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
 constexpr std::size_t kPiece = 64 * 1024;
-constexpr unsigned kPatternModulus = 251;
 
 /// Everything runs on one thread: plain counters.
 struct Stats {
@@ -94,39 +95,8 @@ void log_line(std::string_view msg, json::object fields = {}) {
   std::cerr << json::serialize(line) << std::endl;
 }
 
-/// The pattern from every phase: bytes [offset % 251, offset % 251 + n) of this table are the
-/// body bytes [offset, offset + n) for any n ≤ kPiece, so that filling and checking run at memcpy
-/// and memcmp speed (the sanitizer build has no optimiser).
-const std::vector<char>& pattern_table() {
-  static const std::vector<char> table = [] {
-    std::vector<char> t(kPiece + kPatternModulus);
-    for (std::size_t i = 0; i < t.size(); ++i) t[i] = static_cast<char>(i % kPatternModulus);
-    return t;
-  }();
-  return table;
-}
-
-void fill_pattern(char* out, std::size_t n, std::uint64_t offset) {
-  while (n > 0) {
-    const std::size_t len = std::min(n, kPiece);
-    std::memcpy(out, pattern_table().data() + offset % kPatternModulus, len);
-    out += len;
-    offset += len;
-    n -= len;
-  }
-}
-
-bool pattern_matches(const char* data, std::size_t n, std::uint64_t offset) {
-  while (n > 0) {
-    const std::size_t len = std::min(n, kPiece);
-    if (std::memcmp(data, pattern_table().data() + offset % kPatternModulus, len) != 0)
-      return false;
-    data += len;
-    offset += len;
-    n -= len;
-  }
-  return true;
-}
+using idemgate::test::fill_pattern;
+using idemgate::test::pattern_matches;
 
 std::map<std::string, std::string, std::less<>> query_of(std::string_view target) {
   std::map<std::string, std::string, std::less<>> out;
