@@ -87,6 +87,9 @@ class ThreadHandler final : public http::RequestHandler {
   void strip_owned_fields(boost::beast::http::response_header<>& header) const override {
     handler_.strip_owned_fields(header);
   }
+  void when_background_done(std::function<void()> done) override {
+    handler_.when_background_done(std::move(done));
+  }
 
  private:
   static storage::pg::PgPool::Options pool_options(const config::Config& config) {

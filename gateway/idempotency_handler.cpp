@@ -122,6 +122,8 @@ core::RoutePolicy route_policy(const config::Idempotency& idempotency) {
   policy.hold_on_unknown_outcome = idempotency.on_unknown_outcome == config::UnknownOutcome::hold;
   policy.fail_open = idempotency.on_store_error == config::StoreErrorPolicy::fail_open;
   policy.commit_timeout = idempotency.commit_timeout;
+  policy.replay_cache_ttl = idempotency.replay_cache_ttl;
+  policy.replay_cache_max_bytes = idempotency.replay_cache_max_bytes;
   return policy;
 }
 

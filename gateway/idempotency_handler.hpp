@@ -42,6 +42,10 @@ class IdempotencyHandler final : public http::RequestHandler {
              const boost::beast::http::request_header<>& header) const override;
   /// Removes Idempotent-Replayed, Idempotent-Body-Omitted and Idempotency-Status (C16).
   void strip_owned_fields(boost::beast::http::response_header<>& header) const override;
+  /// Waits for the filter's lock settlements (marker or release, C23).
+  void when_background_done(std::function<void()> done) override {
+    filter_.when_settled(std::move(done));
+  }
 
  private:
   boost::asio::awaitable<http::HandlerResult> pass_through(http::Exchange exchange,

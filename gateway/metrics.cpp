@@ -255,13 +255,13 @@ void TimedLockService::forget(const std::string& token) {
   if (held_.erase(token) > 0) metrics_.lock_freed();
 }
 
-asio::awaitable<boost::system::result<bool>> TimedLockService::try_acquire(
+asio::awaitable<boost::system::result<core::Acquired>> TimedLockService::acquire(
     core::Sha256 id, std::string token, std::chrono::milliseconds ttl) {
   const auto executor = co_await asio::this_coro::executor;
   const auto start = Clock::now();
-  auto result = co_await inner_.try_acquire(id, token, ttl);
+  auto result = co_await inner_.acquire(id, token, ttl);
   metrics_.observe_store("redis", "try_acquire", Clock::now() - start);
-  if (result && *result) hold(executor, token, ttl);
+  if (result && result->acquired) hold(executor, token, ttl);
   co_return result;
 }
 
@@ -288,6 +288,16 @@ asio::awaitable<boost::system::result<bool>> TimedLockService::release(core::Sha
   metrics_.observe_store("redis", "release", Clock::now() - start);
   // Released or not ours any more: either way this process no longer holds it. After an error
   // the lock may still exist; it ends with its ttl, which the timer still tracks.
+  if (result) forget(token);
+  co_return result;
+}
+
+asio::awaitable<boost::system::result<bool>> TimedLockService::replace(
+    core::Sha256 id, std::string token, std::string value, std::chrono::milliseconds ttl) {
+  const auto start = Clock::now();
+  auto result = co_await inner_.replace(id, token, std::move(value), ttl);
+  metrics_.observe_store("redis", "replace", Clock::now() - start);
+  // Replaced by the marker, or not ours any more: the lock is no longer held here.
   if (result) forget(token);
   co_return result;
 }

@@ -31,7 +31,7 @@ namespace idemgate {
 ///   requests the session answered itself, with `route=""` when none matched).
 /// - `idemgate_upstream_duration_seconds{route}`: histogram of upstream exchanges.
 /// - `idemgate_store_duration_seconds{store,op}`: histogram of store operations; store is
-///   `postgres` (op find, insert) or `redis` (op try_acquire, renew, release).
+///   `postgres` (op find, insert) or `redis` (op try_acquire, renew, release, replace).
 /// - counters `idemgate_lock_contention_total`, `idemgate_duplicate_executions_total` (C36),
 ///   `idemgate_record_commit_failures_total` (C26), `idemgate_cleanup_deleted_total` (C24).
 /// - gauge `idemgate_open_tunnels` (upgrade tunnels open now, C40).
@@ -115,9 +115,10 @@ class TimedRecordStore final : public core::RecordStore {
 };
 
 /// A LockService that times each call of `inner` into `idemgate_store_duration_seconds{store=
-/// "redis"}` and keeps `idemgate_in_flight_locks`: +1 when try_acquire takes a lock, -1 when its
-/// owner releases it, loses it on renew, or when its ttl (as last set) has run out. Same
-/// contract and errors as `inner`, which must outlive it. One per io thread, like `inner`.
+/// "redis"}` (op `try_acquire` for acquire) and keeps `idemgate_in_flight_locks`: +1 when acquire
+/// takes a lock, -1 when its owner releases it or replaces it by the committed marker, loses it on
+/// renew, or when its ttl (as last set) has run out. Same contract and errors as `inner`, which
+/// must outlive it. One per io thread, like `inner`.
 class TimedLockService final : public core::LockService {
  public:
   TimedLockService(core::LockService& inner, Metrics& metrics) : inner_(inner), metrics_(metrics) {}
@@ -125,12 +126,15 @@ class TimedLockService final : public core::LockService {
   TimedLockService(const TimedLockService&) = delete;
   TimedLockService& operator=(const TimedLockService&) = delete;
 
-  boost::asio::awaitable<boost::system::result<bool>> try_acquire(
+  boost::asio::awaitable<boost::system::result<core::Acquired>> acquire(
       core::Sha256 id, std::string token, std::chrono::milliseconds ttl) override;
   boost::asio::awaitable<boost::system::result<bool>> renew(core::Sha256 id, std::string token,
                                                             std::chrono::milliseconds ttl) override;
   boost::asio::awaitable<boost::system::result<bool>> release(core::Sha256 id,
                                                               std::string token) override;
+  boost::asio::awaitable<boost::system::result<bool>> replace(
+      core::Sha256 id, std::string token, std::string value,
+      std::chrono::milliseconds ttl) override;
 
  private:
   void hold(const boost::asio::any_io_executor& executor, const std::string& token,

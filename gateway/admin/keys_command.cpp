@@ -14,6 +14,7 @@
 
 #include "gateway/core/fingerprint.hpp"
 #include "gateway/core/idempotency_key.hpp"
+#include "gateway/core/replay_marker.hpp"
 #include "gateway/request_identity.hpp"
 #include "storage/redis/redis_lock.hpp"
 
@@ -179,7 +180,7 @@ RedisPtr connect_redis(const config::Redis& options, std::ostream& err) {
   return ctx;
 }
 
-// The integer reply of `EXISTS key` / `DEL key`, or nullopt on error.
+// The integer reply of `DEL key`, or nullopt on error.
 std::optional<long long> redis_key_command(redisContext* ctx, const char* command,
                                            const std::string& key, std::ostream& err) {
   ReplyPtr reply(
@@ -192,6 +193,20 @@ std::optional<long long> redis_key_command(redisContext* ctx, const char* comman
     return std::nullopt;
   }
   return reply->integer;
+}
+
+// What `GET key` holds: nullopt on error, "" when the key is absent.
+std::optional<std::string> redis_get(redisContext* ctx, const std::string& key, std::ostream& err) {
+  ReplyPtr reply(static_cast<redisReply*>(redisCommand(ctx, "GET %b", key.data(), key.size())));
+  if (reply && reply->type == REDIS_REPLY_NIL) return std::string();
+  if (!reply || reply->type != REDIS_REPLY_STRING) {
+    err << "idemgate keys: Redis GET failed: "
+        << (reply ? std::string(reply->str ? reply->str : "", reply->len)
+                  : std::string(ctx->errstr))
+        << "\n";
+    return std::nullopt;
+  }
+  return std::string(reply->str, reply->len);
 }
 
 }  // namespace
@@ -239,11 +254,16 @@ int run_keys(const config::Config& config, const KeysRequest& request, std::ostr
       err << "idemgate keys: " << PQerrorMessage(pg.get());
       return kKeysNotFound;
     }
-    const auto held = redis_key_command(redis.get(), "EXISTS", lock_key, err);
-    if (!held) return kKeysNotFound;
+    // The lock key holds an owner token while a request is in flight, and the committed
+    // marker (C23) once its record is committed.
+    const auto value = redis_get(redis.get(), lock_key, err);
+    if (!value) return kKeysNotFound;
+    const bool marker = core::is_replay_marker(*value);
+    const bool held = !value->empty() && !marker;
     if (PQntuples(rows.get()) == 0) {
       out << "not found\n";
-      if (*held > 0) out << "lock held (a request with this key is in flight)\n";
+      if (held) out << "lock held (a request with this key is in flight)\n";
+      if (marker) out << "replay_marker present (its record is gone: the next request executes)\n";
       return kKeysNotFound;
     }
     auto col = [&](int c) { return std::string(PQgetvalue(rows.get(), 0, c)); };
@@ -255,7 +275,8 @@ int run_keys(const config::Config& config, const KeysRequest& request, std::ostr
         << "fingerprint " << col(4) << "\n"
         << "body_size " << col(5) << "\n"
         << "body_omitted " << (col(6) == "t" ? "true" : "false") << "\n"
-        << "lock " << (*held > 0 ? "held" : "free") << "\n";
+        << "lock " << (held ? "held" : "free") << "\n"
+        << "replay_marker " << (marker ? "present" : "absent") << "\n";
     return kKeysFound;
   }
 
@@ -265,6 +286,8 @@ int run_keys(const config::Config& config, const KeysRequest& request, std::ostr
     return kKeysNotFound;
   }
   const bool record_deleted = std::string_view(PQcmdTuples(deleted.get())) != "0";
+  const auto value = redis_get(redis.get(), lock_key, err);
+  if (!value) return kKeysNotFound;
   const auto locks_deleted = redis_key_command(redis.get(), "DEL", lock_key, err);
   if (!locks_deleted) return kKeysNotFound;
   if (!record_deleted && *locks_deleted == 0) {
@@ -272,7 +295,10 @@ int run_keys(const config::Config& config, const KeysRequest& request, std::ostr
     return kKeysNotFound;
   }
   if (record_deleted) out << "deleted record " << core::to_hex(id) << "\n";
-  if (*locks_deleted > 0) out << "deleted lock " << lock_key << "\n";
+  if (*locks_deleted > 0) {
+    out << (core::is_replay_marker(*value) ? "deleted replay marker " : "deleted lock ") << lock_key
+        << "\n";
+  }
   return kKeysFound;
 }
 

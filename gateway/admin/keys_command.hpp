@@ -33,11 +33,12 @@ inline constexpr int kKeysBadArguments = 2;
 /// Derives the record id exactly as the gateway does (request_scope + core::record_id over the
 /// route's key source), then:
 /// - show: prints the live record (`id`, `route`, `status`, `created`, `expires` in UTC RFC 3339,
-///   `fingerprint` hex, `body_size` bytes, `body_omitted`, and `lock` held/free) one `name value`
-///   per line on `out` → 0; no live record → "not found" → 1.
-/// - purge: deletes the record (live or expired) and the Redis in-flight lock, printing what it
-///   deleted → 0; neither existed → "not found" → 1. A request still in flight for the key is
-///   not stopped: it commits its record when it finishes.
+///   `fingerprint` hex, `body_size` bytes, `body_omitted`, `lock` held/free and `replay_marker`
+///   present/absent, SPEC C23) one `name value` per line on `out` → 0; no live record → "not
+///   found" → 1.
+/// - purge: deletes the record (live or expired) and the Redis key (the in-flight lock or the
+///   committed marker), printing what it deleted → 0; neither existed → "not found" → 1. A request
+///   still in flight for the key is not stopped: it commits its record when it finishes.
 /// Unknown route, a route without idempotency or an invalid key → message on `err`, 2. A store
 /// error → message on `err`, 1. Blocking libpq and hiredis calls: for the CLI only.
 int run_keys(const config::Config& config, const KeysRequest& request, std::ostream& out,

@@ -133,6 +133,12 @@ struct Idempotency {
   /// C26: a record commit that fails after the upstream answered is retried (fresh connection,
   /// backoff, lock renewed) for this long before the client gets the answer unrecorded; 0–10min.
   Duration commit_timeout = std::chrono::seconds(10);
+  /// C23: how long the committed marker that replaces the lock lives in Redis; 0s–ttl, 0s = no
+  /// marker. The default 5m is cut to `ttl` when ttl is shorter.
+  Duration replay_cache_ttl = std::chrono::minutes(5);
+  /// Responses up to this many bytes (header names + values + body) ride in the marker and replay
+  /// without Postgres; 0–1MiB.
+  std::size_t replay_cache_max_bytes = 16 * 1024;
 };
 
 struct Match {

@@ -733,10 +733,27 @@ void Loader::match(const Field& f, Match& out) {
 
 void Loader::idempotency(const Field& f, Route& route) {
   const Map m(*this, f,
-              {"mode", "methods", "ttl", "lock_ttl", "key_scope", "fingerprint", "upstream_key",
-               "upstream_key_secret_file", "key_source", "on_mismatch", "concurrency",
-               "wait_timeout", "max_waiters", "store_statuses", "max_stored_response",
-               "on_unknown_outcome", "fingerprint_body", "on_store_error", "commit_timeout"});
+              {"mode",
+               "methods",
+               "ttl",
+               "lock_ttl",
+               "key_scope",
+               "fingerprint",
+               "upstream_key",
+               "upstream_key_secret_file",
+               "key_source",
+               "on_mismatch",
+               "concurrency",
+               "wait_timeout",
+               "max_waiters",
+               "store_statuses",
+               "max_stored_response",
+               "on_unknown_outcome",
+               "fingerprint_body",
+               "on_store_error",
+               "commit_timeout",
+               "replay_cache_ttl",
+               "replay_cache_max_bytes"});
   Idempotency& idem = route.idempotency;
   if (auto v = m.get("mode")) {
     idem.mode = choice<IdempotencyMode>(*v, {{"off", IdempotencyMode::off},
@@ -830,6 +847,19 @@ void Loader::idempotency(const Field& f, Route& route) {
   // C26: how long a commit that failed after the upstream answered is retried; the client's
   // answer waits for it. 0s: one attempt.
   if (auto v = m.get("commit_timeout")) idem.commit_timeout = duration(*v, 0ms, 10min);
+  // C23: the committed marker never outlives its record.
+  if (auto v = m.get("replay_cache_ttl")) {
+    idem.replay_cache_ttl = duration(*v, 0ms, 8760h);
+    if (idem.replay_cache_ttl > idem.ttl) {
+      fail(*v, "must not exceed ttl (" + format_duration(idem.ttl) + "), got " +
+                   format_duration(idem.replay_cache_ttl));
+    }
+  } else {
+    idem.replay_cache_ttl = std::min(idem.replay_cache_ttl, idem.ttl);
+  }
+  if (auto v = m.get("replay_cache_max_bytes")) {
+    idem.replay_cache_max_bytes = size(*v, 0, 1 * MiB);
+  }
   if (auto v = m.get("max_waiters")) {
     idem.max_waiters = static_cast<std::size_t>(integer(*v, 0, 10'000));
   }

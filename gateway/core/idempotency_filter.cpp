@@ -12,6 +12,9 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
+
+#include "gateway/core/replay_marker.hpp"
 
 namespace idemgate::core {
 namespace asio = boost::asio;
@@ -61,6 +64,33 @@ bool same_record(const StoredRecord& stored, const StoredRecord& mine) {
   return stored.fingerprint == mine.fingerprint && a.status == b.status && a.headers == b.headers &&
          a.body == b.body && a.body_omitted == b.body_omitted;
 }
+
+/// The committed marker for a record whose stored form is `response` (C23): the response rides
+/// along when it fits replay_cache_max_bytes. std::nullopt: markers are off for this route.
+std::optional<std::string> marker_for(const RoutePolicy& policy, const Sha256& fingerprint,
+                                      const StoredResponse& response) {
+  if (policy.replay_cache_ttl <= std::chrono::milliseconds::zero()) return std::nullopt;
+  ReplayMarker marker;
+  marker.fingerprint = fingerprint;
+  if (replay_size(response) <= policy.replay_cache_max_bytes) marker.response = response;
+  return encode_replay_marker(marker);
+}
+
+/// How long a marker for a record expiring at `expires_at` may live: replay_cache_ttl, but never
+/// past the record (C24: an expired record is absent at once). Postgres's clock sets expires_at
+/// and Redis starts the marker's TTL when the command arrives, so the marker ends a margin
+/// (a tenth of the record ttl, at most 1 s) before the record.
+std::chrono::milliseconds marker_ttl(const RoutePolicy& policy,
+                                     std::chrono::system_clock::time_point expires_at) {
+  const auto margin = std::min<std::chrono::milliseconds>(policy.ttl / 10, std::chrono::seconds(1));
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      expires_at - std::chrono::system_clock::now());
+  return std::min(policy.replay_cache_ttl, left - margin);
+}
+
+constexpr char kMismatchDetail[] =
+    "this idempotency key was already used with a different request (method, target, headers or "
+    "body); use a new key for a new request";
 
 asio::awaitable<void> sleep_for(std::chrono::milliseconds d) {
   asio::steady_timer timer(co_await asio::this_coro::executor, d);
@@ -122,9 +152,7 @@ FilterResult IdempotencyFilter::from_record(const StoredRecord& record,
   FilterResult result;
   if (record.fingerprint != request.fingerprint) {
     result.outcome = Outcome::mismatch;
-    result.detail =
-        "this idempotency key was already used with a different request (method, target, "
-        "headers or body); use a new key for a new request";
+    result.detail = kMismatchDetail;
     return result;
   }
   result.outcome = Outcome::replayed;
@@ -153,32 +181,108 @@ asio::awaitable<FilterResult> IdempotencyFilter::on_store_error(const RoutePolic
   co_return result;
 }
 
+void IdempotencyFilter::settle(const asio::any_io_executor& executor, const Sha256& id,
+                               std::string token, std::optional<std::string> marker,
+                               std::chrono::milliseconds ttl) {
+  if (ttl < std::chrono::milliseconds(1)) marker.reset();
+  ++settling_;
+  // Detached: the client's answer does not wait, and its disconnect does not cancel it (C34).
+  // Until this lands, a retry meets the lock and looks the record up (C15), so it is a replay.
+  asio::co_spawn(
+      executor,
+      [this, id, token = std::move(token), marker = std::move(marker),
+       ttl]() mutable -> asio::awaitable<void> {
+        if (marker) {
+          auto replaced = co_await lock_.replace(id, token, std::move(*marker), ttl);
+          if (!replaced && events_.store_error)
+            events_.store_error("lock replace", replaced.error());
+        } else {
+          auto released = co_await lock_.release(id, std::move(token));
+          if (!released && events_.store_error)
+            events_.store_error("lock release", released.error());
+        }
+      },
+      [this](std::exception_ptr e) {
+        if (--settling_ == 0 && on_settled_) std::exchange(on_settled_, nullptr)();
+        if (!e) return;
+        std::string detail = "unknown exception";
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+          detail = ex.what();
+        } catch (...) {
+        }
+        if (events_.task_failed) events_.task_failed("lock settle", detail);
+      });
+}
+
+void IdempotencyFilter::when_settled(std::function<void()> done) {
+  if (settling_ == 0) {
+    done();
+    return;
+  }
+  on_settled_ = std::move(done);
+}
+
 asio::awaitable<FilterResult> IdempotencyFilter::run(RoutePolicy policy, KeyedRequest request,
                                                      Forward forward) {
-  // A completed record answers without touching the lock: one round trip for replays.
-  auto found = co_await store_.find(request.id);
-  if (!found) co_return co_await on_store_error(policy, "record lookup", found.error(), forward);
-  if (*found) co_return from_record(**found, request);
-
   const std::string token = random_token();
   const auto deadline = std::chrono::steady_clock::now() + policy.wait_timeout;
   auto backoff = std::chrono::milliseconds(5);
   std::optional<WaiterSlot> waiting;  // held from the first wait until this request ends
+  int stale_markers = 0;
   for (;;) {
-    auto acquired = co_await lock_.try_acquire(request.id, token, policy.lock_ttl);
+    // One round trip: the lock is ours, or we learn what holds the key.
+    auto acquired = co_await lock_.acquire(request.id, token, policy.lock_ttl);
     if (!acquired) {
+      // The lock store failed; a committed record in Postgres can still answer.
+      auto found = co_await store_.find(request.id);
+      if (found && *found) {
+        if (events_.store_error) events_.store_error("lock acquire", acquired.error());
+        co_return from_record(**found, request);
+      }
       co_return co_await on_store_error(policy, "lock acquire", acquired.error(), forward);
     }
-    if (*acquired) {
+    if (acquired->acquired) {
       waiting.reset();  // no longer a waiter: it executes
       co_return co_await execute_locked(policy, request, token, forward);
     }
 
-    if (events_.lock_contention) events_.lock_contention();
-    // The holder may have committed and released between our lookup and our acquire.
-    auto again = co_await store_.find(request.id);
-    if (!again) co_return co_await on_store_error(policy, "record lookup", again.error(), forward);
-    if (*again) co_return from_record(**again, request);
+    if (is_replay_marker(acquired->holder)) {
+      // Committed (C23). The marker is written only after its record committed, and carries
+      // the record's fingerprint and, when small, its stored response.
+      const auto marker = decode_replay_marker(acquired->holder);
+      if (marker && marker->fingerprint != request.fingerprint) {
+        FilterResult result;
+        result.outcome = Outcome::mismatch;
+        result.detail = kMismatchDetail;
+        result.from_marker = true;
+        co_return result;
+      }
+      if (marker && marker->response) {
+        FilterResult result;
+        result.outcome = Outcome::replayed;
+        result.response = std::move(*marker->response);
+        result.from_marker = true;
+        co_return result;
+      }
+      auto found = co_await store_.find(request.id);
+      if (!found)
+        co_return co_await on_store_error(policy, "record lookup", found.error(), forward);
+      if (*found) co_return from_record(**found, request);
+      // The record is gone (purged, or expired early) while its marker lived: drop that marker
+      // (only if it is still the value) and compete for the key again.
+      co_await lock_.release(request.id, acquired->holder);
+      if (++stale_markers <= 2) continue;
+    } else {
+      // The holder may have committed and answered without having replaced its lock yet (C15):
+      // the record decides before any 409.
+      auto again = co_await store_.find(request.id);
+      if (!again)
+        co_return co_await on_store_error(policy, "record lookup", again.error(), forward);
+      if (*again) co_return from_record(**again, request);
+      if (events_.lock_contention) events_.lock_contention();  // still executing elsewhere
+    }
 
     if (!policy.wait_for_in_flight || std::chrono::steady_clock::now() >= deadline) {
       FilterResult result;
@@ -189,7 +293,7 @@ asio::awaitable<FilterResult> IdempotencyFilter::run(RoutePolicy policy, KeyedRe
       co_return result;
     }
     if (!waiting) {
-      // Coalescing is bounded: every waiter holds a client connection and polls the store.
+      // Coalescing is bounded: every waiter holds a client connection and polls the stores.
       if (waiters(request.id) >= policy.max_waiters) {
         FilterResult result;
         result.outcome = Outcome::in_flight;
@@ -200,8 +304,8 @@ asio::awaitable<FilterResult> IdempotencyFilter::run(RoutePolicy policy, KeyedRe
       }
       waiting.emplace(waiters_, request.id);
     }
-    // concurrency: wait — poll until the first request's record appears or its lock is freed
-    // (then compete for it like a new request), bounded by wait_timeout (C18).
+    // concurrency: wait — poll until the first request's marker or record appears or its lock is
+    // freed (then compete for it like a new request), bounded by wait_timeout (C18).
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     co_await sleep_for(std::min(backoff, std::max(left, std::chrono::milliseconds(1))));
@@ -243,15 +347,22 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
                                                                 const KeyedRequest& request,
                                                                 const std::string& token,
                                                                 const Forward& forward) {
-  // The previous owner commits its record before it releases: look again under the lock.
+  const auto executor = co_await asio::this_coro::executor;
+  // The record may be older than any marker (the marker expired first, or Redis lost it).
   auto found = co_await store_.find(request.id);
-  if (!found || *found) {
+  if (!found) {
     co_await lock_.release(request.id, token);
-    if (!found) co_return co_await on_store_error(policy, "record lookup", found.error(), forward);
-    co_return from_record(**found, request);
+    co_return co_await on_store_error(policy, "record lookup", found.error(), forward);
+  }
+  if (*found) {
+    // Put the marker back, so the retries after this one skip Postgres again.
+    const StoredRecord& record = **found;
+    settle(executor, request.id, token, marker_for(policy, record.fingerprint, record.response),
+           marker_ttl(policy, record.expires_at));
+    co_return from_record(record, request);
   }
 
-  auto renewal = std::make_shared<Renewal>(co_await asio::this_coro::executor);
+  auto renewal = std::make_shared<Renewal>(executor);
   // Nothing may escape into the io thread from this detached task: an exception (from a lock
   // implementation, an allocation) stops this renewal only, reported through task_failed.
   asio::co_spawn(
@@ -317,6 +428,8 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
   }
 
   result.response = std::move(reply.response);
+  // The record expires ttl after its insert starts, by Postgres's clock: no earlier than this.
+  const auto earliest_expiry = std::chrono::system_clock::now() + policy.ttl;
   auto inserted = co_await commit(policy, request, result.response);
   stop_renewal();
   if (!inserted) {
@@ -327,15 +440,26 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
     if (events_.record_commit_failed) events_.record_commit_failed();
     co_return result;
   }
-  co_await lock_.release(request.id, token);
   if (!inserted->inserted && inserted->existing) {
     // C36: the lock was lost and another execution committed first; its answer is the one.
     if (events_.duplicate_execution) events_.duplicate_execution();
-    FilterResult replay = from_record(*inserted->existing, request);
+    const StoredRecord& winner = *inserted->existing;
+    settle(executor, request.id, token, marker_for(policy, winner.fingerprint, winner.response),
+           marker_ttl(policy, winner.expires_at));
+    FilterResult replay = from_record(winner, request);
     replay.duplicate_execution = true;
     replay.upstream_time = upstream_time;
     co_return replay;
   }
+  // The marker carries the record's stored form: without the body past max_stored_response.
+  std::optional<std::string> marker;
+  if (result.response.body.size() > policy.max_stored_response) {
+    StoredResponse stored{result.response.status, result.response.headers, {}, true};
+    marker = marker_for(policy, request.fingerprint, stored);
+  } else {
+    marker = marker_for(policy, request.fingerprint, result.response);
+  }
+  settle(executor, request.id, token, std::move(marker), marker_ttl(policy, earliest_expiry));
   result.outcome = Outcome::executed;
   co_return result;
 }

@@ -3,6 +3,7 @@
 // store, the in-flight lock and the upstream call behind three seams, so it runs against
 // in-memory fakes in unit tests and against Postgres/Redis in production.
 
+#include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <chrono>
 #include <cstdint>
@@ -36,6 +37,13 @@ struct RoutePolicy {
   /// How long a failed record commit is retried after the upstream answered (C26,
   /// `idempotency.commit_timeout`); 0: one attempt only.
   std::chrono::milliseconds commit_timeout{std::chrono::seconds(10)};
+  /// How long the committed marker that replaces the lock lives (C23,
+  /// `idempotency.replay_cache_ttl`); never past the record's expiry. 0: no marker, the lock is
+  /// deleted.
+  std::chrono::milliseconds replay_cache_ttl{std::chrono::minutes(5)};
+  /// Stored responses up to this many bytes (header names and values plus body) travel in the
+  /// marker and replay without a Postgres lookup (`idempotency.replay_cache_max_bytes`).
+  std::size_t replay_cache_max_bytes = 16 * 1024;
 };
 
 /// What the upstream exchange ended with, as the filter needs it.
@@ -72,6 +80,7 @@ struct FilterResult {
   bool record_commit_failed = false;  ///< C26: executed but the record could not be stored
   bool duplicate_execution = false;   ///< C36: executed, but another record had won
   std::chrono::microseconds upstream_time{0};
+  bool from_marker = false;  ///< replayed / mismatch: decided from the lock store's marker alone
 };
 
 /// Identity of a keyed request.
@@ -95,15 +104,25 @@ struct FilterEvents {
 /// Runs one keyed request through the contract. One instance per io thread (its store and lock
 /// are that thread's); not thread-safe.
 ///
-/// Sequence: look the record up (replay or mismatch if found); take the lock with a fresh owner
-/// token (on contention: 409, or wait and poll for the record, at most
-/// RoutePolicy::max_waiters requests per record id at a time); look up again now that the lock
-/// is held (the previous owner commits before it releases); forward while renewing the lock every
-/// lock_ttl/3; commit the record with INSERT … ON CONFLICT before the response leaves (a failed
-/// commit is retried with jittered backoff, 50 ms doubling to 1 s, the lock still renewed, until
-/// it commits or RoutePolicy::commit_timeout passes: C26); release by compare-and-delete. The
-/// upstream call and the commit are never cancelled by the caller's stop of waiting: the filter is
-/// meant to be co_spawned detached from the client (C34).
+/// Sequence (SPEC C15–C26, C36): one lock store round trip takes the lock with a fresh owner
+/// token or returns what holds the key.
+/// - A committed marker (core/replay_marker.hpp) answers at once: mismatch, or the replay it
+///   carries; a marker without the response sends the request to the record in Postgres (a
+///   marker whose record is gone is dropped and the key competed for again).
+/// - Another owner's token: look the record up (its owner may have committed and answered but
+///   not yet replaced its lock), then 409, or wait and poll (at most RoutePolicy::max_waiters
+///   requests per record id at a time).
+/// - Taken: look the record up (it may be older than any marker), forward while renewing the
+///   lock every lock_ttl/3, commit the record with INSERT … ON CONFLICT before the response
+///   leaves (a failed commit is retried with jittered backoff, 50 ms doubling to 1 s, the lock
+///   still renewed, until it commits or RoutePolicy::commit_timeout passes: C26). The lock is then
+///   replaced by the committed marker (or deleted when replay_cache_ttl is 0) in the background:
+///   the answer does not wait for it. Upstream failures and unstored statuses release the lock
+///   before the answer (C21, C22).
+/// - The lock store failing: a committed record in Postgres still answers; otherwise
+///   on_store_error (C25).
+/// The upstream call, the commit and the marker are never cancelled by the caller's stop of
+/// waiting: the filter is meant to be co_spawned detached from the client (C34).
 class IdempotencyFilter {
  public:
   using Forward = std::function<boost::asio::awaitable<UpstreamReply>()>;
@@ -115,6 +134,11 @@ class IdempotencyFilter {
 
   /// How many requests of this filter are waiting for record `id` now (C18 wait mode).
   std::size_t waiters(const Sha256& id) const;
+
+  /// Lock settlements (marker writes, releases) still running in the background.
+  std::size_t settling() const noexcept { return settling_; }
+  /// Calls `done` once no settlement runs (at once when none does); for a graceful stop.
+  void when_settled(std::function<void()> done);
 
  private:
   /// Waiting requests by record id; an entry exists only while its count is above zero. Shared
@@ -134,11 +158,17 @@ class IdempotencyFilter {
                                                       boost::system::error_code ec,
                                                       const Forward& forward);
   FilterResult from_record(const StoredRecord& record, const KeyedRequest& request) const;
+  /// Ends this request's hold of the lock in the background: replaced by `marker` for `ttl`, or
+  /// deleted when there is no marker (or no time left for it).
+  void settle(const boost::asio::any_io_executor& executor, const Sha256& id, std::string token,
+              std::optional<std::string> marker, std::chrono::milliseconds ttl);
 
   RecordStore& store_;
   LockService& lock_;
   FilterEvents events_;
   std::shared_ptr<WaiterCounts> waiters_ = std::make_shared<WaiterCounts>();
+  std::size_t settling_ = 0;
+  std::function<void()> on_settled_;
 };
 
 }  // namespace idemgate::core

@@ -8,6 +8,7 @@
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -82,6 +83,12 @@ class RequestHandler {
   /// Removes from a streamed response's header the fields the handler owns (SPEC C16: they
   /// never come from an upstream).
   virtual void strip_owned_fields(boost::beast::http::response_header<>& /*header*/) const {}
+
+  /// Calls `done` (on this thread) once the store work the handler left running after its
+  /// answers has ended, e.g. a lock turned into its committed marker (SPEC C23); the server
+  /// calls it before a drained worker stops. Each such operation is bounded by its store's
+  /// operation_timeout.
+  virtual void when_background_done(std::function<void()> done) { done(); }
 };
 
 }  // namespace idemgate::http

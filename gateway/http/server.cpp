@@ -248,6 +248,12 @@ void Server::finish_worker(Worker& worker) {
   if (worker.finished) return;
   worker.finished = true;
   worker.drain_timer.cancel();
+  // Answers already written may have left store work behind (a lock becoming its committed
+  // marker): let it land, each step bounded by its store's operation_timeout.
+  if (worker.handler) {
+    worker.handler->when_background_done([&worker] { worker.io_context.stop(); });
+    return;
+  }
   worker.io_context.stop();
 }
 

@@ -3,6 +3,7 @@
 #include <openssl/evp.h>
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -26,6 +27,20 @@ constexpr char kReleaseScript[] =
     "  return redis.call('DEL', KEYS[1])\n"
     "end\n"
     "return 0\n";
+
+constexpr char kReplaceScript[] =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then\n"
+    "  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])\n"
+    "  return 1\n"
+    "end\n"
+    "return 0\n";
+
+// Redis < 7.0 refuses SET with both NX and GET: the same get-or-set as a script.
+constexpr char kAcquireScript[] =
+    "local v = redis.call('GET', KEYS[1])\n"
+    "if v then return v end\n"
+    "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])\n"
+    "return false\n";
 
 std::string sha1_hex(std::string_view text) {
   unsigned char digest[EVP_MAX_MD_SIZE];
@@ -62,21 +77,35 @@ bool is_noscript(const Reply& r) {
 RedisLock::RedisLock(RedisConnection& connection)
     : connection_(connection),
       renew_{kRenewScript, sha1_hex(kRenewScript)},
-      release_{kReleaseScript, sha1_hex(kReleaseScript)} {}
+      release_{kReleaseScript, sha1_hex(kReleaseScript)},
+      replace_{kReplaceScript, sha1_hex(kReplaceScript)},
+      acquire_{kAcquireScript, sha1_hex(kAcquireScript)} {}
 
 std::string RedisLock::key_of(const core::Sha256& id) {
   return kKeyPrefix + core::to_hex(id);
 }
 
-asio::awaitable<boost::system::result<bool>> RedisLock::try_acquire(core::Sha256 id,
-                                                                    std::string token,
-                                                                    std::chrono::milliseconds ttl) {
-  auto reply =
-      co_await connection_.command("SET", key_of(id), std::move(token), "NX", "PX", millis(ttl));
-  if (!reply) co_return failure(reply.error());
-  if (reply->is_status("OK")) co_return true;
-  if (reply->is_nil()) co_return false;  // NX: somebody holds it
-  co_return failure(store_errc::protocol);
+asio::awaitable<boost::system::result<core::Acquired>> RedisLock::acquire(
+    core::Sha256 id, std::string token, std::chrono::milliseconds ttl) {
+  using Result = boost::system::result<core::Acquired>;
+  std::string key = key_of(id);
+  std::optional<boost::system::result<Reply>> reply;
+  if (set_nx_get_) {
+    reply = co_await connection_.command("SET", key, token, "NX", "PX", millis(ttl), "GET");
+    if (*reply && (*reply)->is_error() && (*reply)->str.find("syntax") != std::string::npos) {
+      set_nx_get_ = false;  // Redis < 7.0: NX and GET together are a syntax error there
+    }
+  }
+  if (!set_nx_get_) {
+    std::vector<std::string> args{std::move(token), millis(ttl)};
+    reply = co_await eval(&acquire_, std::move(key), std::move(args));
+  }
+  if (!*reply) co_return Result(boost::system::in_place_error, reply->error());
+  // nil: the key was free and is ours now; a string: what holds it (not set, NX).
+  if ((*reply)->is_nil()) co_return core::Acquired{true, {}};
+  if ((*reply)->kind == Reply::Kind::string)
+    co_return core::Acquired{false, std::move((*reply)->str)};
+  co_return Result(boost::system::in_place_error, store_errc::protocol);
 }
 
 asio::awaitable<boost::system::result<bool>> RedisLock::renew(core::Sha256 id, std::string token,
@@ -91,8 +120,15 @@ asio::awaitable<boost::system::result<bool>> RedisLock::release(core::Sha256 id,
   co_return co_await run(&release_, key_of(id), std::move(args));
 }
 
-asio::awaitable<boost::system::result<bool>> RedisLock::run(const Script* script, std::string key,
-                                                            std::vector<std::string> args) {
+asio::awaitable<boost::system::result<bool>> RedisLock::replace(core::Sha256 id, std::string token,
+                                                                std::string value,
+                                                                std::chrono::milliseconds ttl) {
+  std::vector<std::string> args{std::move(token), std::move(value), millis(ttl)};
+  co_return co_await run(&replace_, key_of(id), std::move(args));
+}
+
+asio::awaitable<boost::system::result<Reply>> RedisLock::eval(const Script* script, std::string key,
+                                                              std::vector<std::string> args) {
   std::vector<std::string> argv{"EVALSHA", script->sha1, "1", std::move(key)};
   argv.insert(argv.end(), std::make_move_iterator(args.begin()),
               std::make_move_iterator(args.end()));
@@ -103,6 +139,12 @@ asio::awaitable<boost::system::result<bool>> RedisLock::run(const Script* script
     argv[1] = script->source;
     reply = co_await connection_.execute(std::move(argv));
   }
+  co_return reply;
+}
+
+asio::awaitable<boost::system::result<bool>> RedisLock::run(const Script* script, std::string key,
+                                                            std::vector<std::string> args) {
+  auto reply = co_await eval(script, std::move(key), std::move(args));
   if (!reply) co_return failure(reply.error());
   if (reply->kind != Reply::Kind::integer) co_return failure(store_errc::protocol);
   co_return reply->integer == 1;

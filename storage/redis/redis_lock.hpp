@@ -13,9 +13,12 @@ namespace idemgate::storage::redis {
 /// The in-flight lock on Redis (SPEC C18, C23, C25): key `idemgate:lock:<hex of id>` holding the
 /// owner token.
 ///
-/// - `try_acquire`: `SET key token NX PX ttl`.
+/// - `acquire`: `SET key token NX PX ttl GET` (Redis ≥ 7.0), or a Lua get-or-set on an older
+///   server that refuses the combination.
 /// - `renew`: a Lua compare-and-`PEXPIRE` (only the owner extends).
 /// - `release`: a Lua compare-and-`DEL` (only the owner deletes).
+/// - `replace`: a Lua compare-and-`SET … PX` (the owner turns its lock into the committed
+///   marker, SPEC C23).
 ///
 /// The scripts are sent with `EVALSHA` and fall back to `EVAL` when the server answers
 /// `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
@@ -31,12 +34,15 @@ class RedisLock final : public core::LockService {
  public:
   explicit RedisLock(RedisConnection& connection);
 
-  boost::asio::awaitable<boost::system::result<bool>> try_acquire(
+  boost::asio::awaitable<boost::system::result<core::Acquired>> acquire(
       core::Sha256 id, std::string token, std::chrono::milliseconds ttl) override;
   boost::asio::awaitable<boost::system::result<bool>> renew(core::Sha256 id, std::string token,
                                                             std::chrono::milliseconds ttl) override;
   boost::asio::awaitable<boost::system::result<bool>> release(core::Sha256 id,
                                                               std::string token) override;
+  boost::asio::awaitable<boost::system::result<bool>> replace(
+      core::Sha256 id, std::string token, std::string value,
+      std::chrono::milliseconds ttl) override;
 
   /// The Redis key of the lock for `id`.
   static std::string key_of(const core::Sha256& id);
@@ -47,13 +53,19 @@ class RedisLock final : public core::LockService {
     std::string sha1;  ///< lower-case hex, as EVALSHA expects
   };
 
-  /// Runs `script` with one key and `args`; the reply must be an integer (0 or 1).
+  /// Runs `script` with one key and `args` and returns its raw reply.
+  boost::asio::awaitable<boost::system::result<Reply>> eval(const Script* script, std::string key,
+                                                            std::vector<std::string> args);
+  /// eval() whose reply must be an integer (0 or 1).
   boost::asio::awaitable<boost::system::result<bool>> run(const Script* script, std::string key,
                                                           std::vector<std::string> args);
 
   RedisConnection& connection_;
   Script renew_;
   Script release_;
+  Script replace_;
+  Script acquire_;          ///< get-or-set, for servers without `SET … NX … GET`
+  bool set_nx_get_ = true;  ///< false once the server refused `SET … NX … GET`
 };
 
 }  // namespace idemgate::storage::redis

@@ -36,6 +36,7 @@
 
 #include "gateway/core/fingerprint.hpp"
 #include "gateway/core/hash.hpp"
+#include "gateway/core/replay_marker.hpp"
 
 namespace idemgate::test::e2e {
 namespace {
@@ -715,6 +716,30 @@ bool RedisClient::exists(const std::string& key) {
 
 long long RedisClient::del(const std::string& key) {
   return integer_reply(context_, "DEL", key);
+}
+
+std::optional<std::string> RedisClient::get(const std::string& key) {
+  auto* reply = static_cast<redisReply*>(redisCommand(context_, "GET %b", key.data(), key.size()));
+  if (!reply) throw std::runtime_error(std::string("Redis GET: ") + context_->errstr);
+  std::optional<std::string> value;
+  const int type = reply->type;
+  if (type == REDIS_REPLY_STRING) value.emplace(reply->str, reply->len);
+  const std::string error = type == REDIS_REPLY_ERROR ? reply->str : "unexpected reply";
+  freeReplyObject(reply);
+  if (type != REDIS_REPLY_STRING && type != REDIS_REPLY_NIL) {
+    throw std::runtime_error("Redis GET: " + error);
+  }
+  return value;
+}
+
+bool RedisClient::wait_for_marker(const std::string& key) {
+  const auto deadline = std::chrono::steady_clock::now() + kEventDeadline;
+  for (;;) {
+    const auto value = get(key);
+    if (value && core::is_replay_marker(*value)) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 std::string record_id_hex(

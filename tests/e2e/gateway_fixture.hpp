@@ -352,6 +352,11 @@ class RedisClient {
   bool exists(const std::string& key);
   /// Deletes `key`; returns how many keys were removed.
   long long del(const std::string& key);
+  /// The string value of `key`; nullopt when it does not exist.
+  std::optional<std::string> get(const std::string& key);
+  /// Waits until `key` holds a committed marker (SPEC C23: written just after the answer);
+  /// false after kEventDeadline.
+  bool wait_for_marker(const std::string& key);
 
  private:
   ::redisContext* context_;

@@ -27,16 +27,21 @@ class MemoryLock final : public core::LockService {
   int acquire_calls = 0;
   int renew_calls = 0;
   int release_calls = 0;
+  int replace_calls = 0;
+  bool fail_replace = false;  ///< replace() answers `failure`
 
-  boost::asio::awaitable<boost::system::result<bool>> try_acquire(
+  boost::asio::awaitable<boost::system::result<core::Acquired>> acquire(
       core::Sha256 id, std::string token, std::chrono::milliseconds ttl) override {
     co_await boost::asio::post(co_await boost::asio::this_coro::executor,
                                boost::asio::use_awaitable);
     ++acquire_calls;
     if (before_acquire) before_acquire();
     if (acquire_calls == fail_acquire_at)
-      co_return boost::system::result<bool>(boost::system::in_place_error, failure);
-    co_return take(id, std::move(token), ttl);
+      co_return boost::system::result<core::Acquired>(boost::system::in_place_error, failure);
+    std::string held = owner(id);
+    if (!held.empty()) co_return core::Acquired{false, std::move(held)};
+    take(id, std::move(token), ttl);
+    co_return core::Acquired{true, {}};
   }
 
   boost::asio::awaitable<boost::system::result<bool>> renew(
@@ -64,6 +69,23 @@ class MemoryLock final : public core::LockService {
     co_return true;
   }
 
+  boost::asio::awaitable<boost::system::result<bool>> replace(
+      core::Sha256 id, std::string token, std::string value,
+      std::chrono::milliseconds ttl) override {
+    co_await boost::asio::post(co_await boost::asio::this_coro::executor,
+                               boost::asio::use_awaitable);
+    ++replace_calls;
+    if (fail_replace) {
+      co_return boost::system::result<bool>(boost::system::in_place_error, failure);
+    }
+    auto it = locks_.find(id);
+    if (it == locks_.end() || it->second.expires <= now() || it->second.token != token) {
+      co_return false;
+    }
+    it->second = {std::move(value), now() + ttl};
+    co_return true;
+  }
+
   /// Synchronous acquire with the same semantics, for arranging state in tests.
   bool take(const core::Sha256& id, std::string token, std::chrono::milliseconds ttl) {
     auto it = locks_.find(id);
@@ -75,7 +97,7 @@ class MemoryLock final : public core::LockService {
   /// Removes a lock whoever holds it (its owner released it, or it expired).
   void drop(const core::Sha256& id) { locks_.erase(id); }
 
-  /// The owner token of a live lock, or empty.
+  /// The value of a live key (an owner token or a committed marker), or empty.
   std::string owner(const core::Sha256& id) const {
     auto it = locks_.find(id);
     return it == locks_.end() || it->second.expires <= now() ? std::string() : it->second.token;

@@ -70,6 +70,8 @@ class MemoryRecordStore final : public core::RecordStore {
   }
 
   std::size_t size() const { return records_.size(); }
+  /// Deletes a record whatever its state (a purge behind the gateway's back).
+  void erase(const core::Sha256& id) { records_.erase(id); }
   const core::StoredRecord* get(const core::Sha256& id) const {
     auto it = records_.find(id);
     return it == records_.end() ? nullptr : &it->second;

@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <sys/time.h>
 
+#include <boost/beast/core/string.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
@@ -26,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "gateway/core/replay_marker.hpp"
 #include "tests/e2e/gateway_fixture.hpp"
 #include "tests/fault/local_stores.hpp"
 
@@ -847,7 +849,10 @@ BOOST_AUTO_TEST_CASE(spec_C26_commit_failing_past_commit_timeout_still_answers_k
   BOOST_REQUIRE(retry.error.empty());
   BOOST_TEST(in_flight(retry.response), gateway.explain(retry.response));
   RedisClient redis;
-  BOOST_TEST(redis.exists(lock_key(record_id_hex("c26", key))), "the lock was released");
+  const auto held = redis.get(lock_key(record_id_hex("c26", key)));
+  BOOST_TEST(held.has_value(), "the lock was released");
+  // No committed marker without a committed record (C23, C26).
+  BOOST_TEST(!idemgate::core::is_replay_marker(held.value_or("")));
 
   const auto logged = log_lines(gateway.stderr_text(), "record commit failed");
   BOOST_TEST(logged.size() == 1u, gateway.diagnostics());
@@ -892,6 +897,10 @@ BOOST_AUTO_TEST_CASE(spec_C26_postgres_restarted_after_the_upstream_answered_com
   upstream.release();  // the upstream answers while Postgres is down: the commit fails
   std::this_thread::sleep_for(1s);
   BOOST_TEST((first.wait_for(0s) != std::future_status::ready), "answered while Postgres was down");
+  // The upstream answered, the commit has not happened: the key still holds the plain lock.
+  RedisClient redis;
+  const std::string lock = lock_key(record_id_hex("c26-restart", key));
+  BOOST_TEST(!idemgate::core::is_replay_marker(redis.get(lock).value_or("")));
   stores().start_pg();
   down = false;
   const auto started_at = Clock::now();
@@ -919,4 +928,183 @@ BOOST_AUTO_TEST_CASE(spec_C26_postgres_restarted_after_the_upstream_answered_com
   std::cout << "figures scenario=C26_postgres_restarted outage_ms=" << ms(started_at - stopped_at)
             << " answer_after_restart_ms=" << ms(answered.done - started_at) << std::endl;
   report("C26_postgres_restarted", upstream.count("/payments"), 1);
+}
+
+// -------------------------------------------------------------------------------------------
+// C23 — the committed marker: the lock becomes a marker after the commit, and replays come from
+// Redis while it lives; Postgres stays the arbiter behind it.
+
+namespace {
+
+/// The fields of `r` without Date (fresh on every answer, C16).
+HeaderList without_date(const HttpResponse& r) {
+  HeaderList fields;
+  for (const auto& field : r.headers) {
+    if (!boost::beast::iequals(field.first, "Date")) fields.push_back(field);
+  }
+  return fields;
+}
+
+/// Rewrites the stored body of record `id_hex` behind the gateway's back, so that a replay shows
+/// which store answered it.
+void change_stored_body(Database& db, const std::string& id_hex, const std::string& body) {
+  db.row("UPDATE idempotency_record SET body = convert_to($2, 'UTF8') WHERE id = decode($1, 'hex')",
+         {id_hex, body});
+}
+
+UpstreamReply cookie_reply(std::string body) {
+  return UpstreamReply{.status = 201,
+                       .headers = {{"Content-Type", "application/json"},
+                                   {"Set-Cookie", "a=1; Path=/"},
+                                   {"Location", "/payments/7"},
+                                   {"Set-Cookie", "b=2"},
+                                   {"ETag", "\"v1\""}},
+                       .body = std::move(body)};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C16_replays_from_the_marker_and_from_postgres_are_byte_identical) {
+  TestUpstream upstream;
+  upstream.on("/payments", {cookie_reply(R"({"id":7})")});
+  GatewayConfig config;
+  config.upstreams = {{"payments", {upstream.address()}}};
+  config.routes_yaml = single_route("c23-marker", "");
+  Gateway gateway(config);
+  RedisClient redis;
+  Database db(stores().pg_dsn());
+
+  const std::string key = unique_name("c23-marker");
+  const std::string id = record_id_hex("c23-marker", key);
+  const std::string lock = lock_key(id);
+  const HttpRequest request = keyed_post("/payments", key, R"({"amount":1})");
+  const HttpResponse first = gateway.send(request);
+  BOOST_TEST_REQUIRE(first.status == 201u, gateway.explain(first));
+  BOOST_TEST_REQUIRE(redis.wait_for_marker(lock), gateway.diagnostics());
+
+  const HttpResponse from_marker = gateway.send(request);
+  BOOST_TEST(redis.del(lock) == 1);  // Redis lost the marker (eviction, failover)
+  const HttpResponse from_record = gateway.send(request);
+  BOOST_TEST(replayed(from_marker), gateway.explain(from_marker));
+  BOOST_TEST(replayed(from_record), gateway.explain(from_record));
+  BOOST_TEST(from_marker.status == from_record.status);
+  BOOST_TEST((without_date(from_marker) == without_date(from_record)),
+             describe(from_marker) + describe(from_record));
+  BOOST_TEST(from_marker.body == first.body);
+  BOOST_TEST(from_record.body == first.body);
+  BOOST_TEST(from_marker.header_values("Set-Cookie") == first.header_values("Set-Cookie"));
+
+  // Which store answered: the replay from Postgres put the marker back; a record changed behind
+  // the gateway's back is not seen while the marker lives, and is once it is gone.
+  BOOST_TEST_REQUIRE(redis.wait_for_marker(lock));
+  change_stored_body(db, id, "changed");
+  const HttpResponse cached = gateway.send(request);
+  BOOST_TEST(cached.body == first.body, describe(cached));
+  BOOST_TEST(redis.del(lock) == 1);
+  const HttpResponse looked_up = gateway.send(request);
+  BOOST_TEST(looked_up.body == "changed", describe(looked_up));
+  BOOST_TEST(upstream.count("/payments") == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C17_a_mismatch_against_the_marker_is_422_and_the_record_kept) {
+  TestUpstream upstream;
+  upstream.on("/payments", {cookie_reply(R"({"id":8})")});
+  GatewayConfig config;
+  config.upstreams = {{"payments", {upstream.address()}}};
+  config.routes_yaml = single_route("c23-mismatch", "");
+  Gateway gateway(config);
+  RedisClient redis;
+
+  const std::string key = unique_name("c23-mismatch");
+  const HttpResponse first = gateway.send(keyed_post("/payments", key, R"({"amount":1})"));
+  BOOST_TEST_REQUIRE(first.status == 201u, gateway.explain(first));
+  BOOST_TEST_REQUIRE(redis.wait_for_marker(lock_key(record_id_hex("c23-mismatch", key))));
+
+  const HttpResponse other = gateway.send(keyed_post("/payments", key, R"({"amount":2})"));
+  BOOST_TEST(is_problem(other, 422), describe(other));
+  BOOST_TEST(problem_type(other) == kGatewayProblems + "key-mismatch", describe(other));
+  const HttpResponse same = gateway.send(keyed_post("/payments", key, R"({"amount":1})"));
+  BOOST_TEST(replayed(same), describe(same));
+  BOOST_TEST(same.body == first.body);
+  BOOST_TEST(upstream.count("/payments") == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C23_redis_restarted_between_retries_still_replays_from_postgres) {
+  TestUpstream upstream;
+  upstream.on("/payments", {cookie_reply(R"({"id":9})")});
+  GatewayConfig config;
+  config.upstreams = {{"payments", {upstream.address()}}};
+  config.routes_yaml = single_route("c23-restart", "");
+  config.redis_operation_timeout = "300ms";
+  Gateway gateway(config);
+
+  const std::string key = unique_name("c23-restart");
+  const std::string lock = lock_key(record_id_hex("c23-restart", key));
+  const HttpRequest request = keyed_post("/payments", key, R"({"amount":1})");
+  const HttpResponse first = gateway.send(request);
+  BOOST_TEST_REQUIRE(first.status == 201u, gateway.explain(first));
+  {
+    RedisClient redis;
+    BOOST_TEST_REQUIRE(redis.wait_for_marker(lock));
+  }
+
+  // The local Redis keeps nothing on disk: a restart loses every marker.
+  bool down = false;
+  struct Restart {
+    bool& down;
+    ~Restart() {
+      if (down) stores().start_redis();
+    }
+  } restart{down};
+  stores().stop_redis();
+  down = true;
+  stores().start_redis();
+  down = false;
+  RedisClient redis;
+  BOOST_TEST(!redis.exists(lock));
+
+  const Timed retry = send_timed(gateway, request);
+  BOOST_REQUIRE_MESSAGE(retry.error.empty(), retry.error << "\n" << gateway.diagnostics());
+  BOOST_TEST(replayed(retry.response), gateway.explain(retry.response));
+  BOOST_TEST(retry.response.body == first.body);
+  // Once the gateway talks to Redis again, a replay from Postgres puts the marker back.
+  const auto deadline = Clock::now() + kRecoveryDeadline;
+  while (!redis.exists(lock) && Clock::now() < deadline) {
+    const Timed again = send_timed(gateway, request);
+    BOOST_TEST(replayed(again.response), gateway.explain(again.response));
+    std::this_thread::sleep_for(kRetryInterval);
+  }
+  BOOST_TEST(redis.wait_for_marker(lock), gateway.diagnostics());
+  BOOST_TEST(upstream.count("/payments") == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C23_a_response_over_replay_cache_max_bytes_replays_through_postgres) {
+  TestUpstream upstream;
+  const std::string body(200, 'x');
+  upstream.on("/payments", {cookie_reply(body)});
+  GatewayConfig config;
+  config.upstreams = {{"payments", {upstream.address()}}};
+  config.routes_yaml = single_route("c23-large", "      replay_cache_max_bytes: 128\n");
+  Gateway gateway(config);
+  RedisClient redis;
+  Database db(stores().pg_dsn());
+
+  const std::string key = unique_name("c23-large");
+  const std::string id = record_id_hex("c23-large", key);
+  const HttpRequest request = keyed_post("/payments", key, R"({"amount":1})");
+  const HttpResponse first = gateway.send(request);
+  BOOST_TEST_REQUIRE(first.status == 201u, gateway.explain(first));
+  BOOST_TEST_REQUIRE(redis.wait_for_marker(lock_key(id)));
+  const auto marker = idemgate::core::decode_replay_marker(redis.get(lock_key(id)).value_or(""));
+  BOOST_TEST_REQUIRE(marker.has_value());
+  BOOST_TEST(!marker->response.has_value());  // the fingerprint only
+
+  const HttpResponse retry = gateway.send(request);
+  BOOST_TEST(replayed(retry), describe(retry));
+  BOOST_TEST(retry.body == body);
+  change_stored_body(db, id, "changed");  // the marker has no body: every replay reads Postgres
+  const HttpResponse again = gateway.send(request);
+  BOOST_TEST(again.body == "changed", describe(again));
+  BOOST_TEST(is_problem(gateway.send(keyed_post("/payments", key, R"({"amount":2})")), 422));
+  BOOST_TEST(upstream.count("/payments") == 1u);
 }

@@ -159,6 +159,52 @@ boost::asio::awaitable<void> lock_is_free_again_after_its_ttl(Fixture* f) {
   co_await expect(lock.release(id, "owner-b"), true, "b releases");
 }
 
+template <class Fixture>
+boost::asio::awaitable<void> acquire_returns_what_holds_the_key(Fixture* f) {
+  auto& lock = f->lock();
+  const auto id = random_id();
+  const auto first = co_await lock.acquire(id, "owner-a", kLongTtl);
+  BOOST_REQUIRE_MESSAGE(first.has_value(), "acquire failed: " << first.error().message());
+  BOOST_CHECK(first->acquired);
+  BOOST_CHECK(first->holder.empty());
+  const auto second = co_await lock.acquire(id, "owner-b", kLongTtl);
+  BOOST_REQUIRE(second.has_value());
+  BOOST_CHECK(!second->acquired);
+  BOOST_CHECK_EQUAL(second->holder, "owner-a");
+}
+
+template <class Fixture>
+boost::asio::awaitable<void> owner_replaces_its_lock_by_a_value_with_its_own_ttl(Fixture* f) {
+  auto& lock = f->lock();
+  const auto id = random_id();
+  // Binary-safe: a committed marker holds arbitrary bytes (C23).
+  const std::string marker("IGM1\0\xff committed", 16);
+  co_await require(lock.try_acquire(id, "owner-a", kLongTtl), true, "a acquires");
+  co_await expect(lock.replace(id, "owner-b", marker, kShortTtl), false, "b replaces a's lock");
+  co_await expect(lock.replace(id, "owner-a", marker, kShortTtl), true, "a replaces its lock");
+  co_await expect(lock.release(id, "owner-a"), false, "a releases after replacing");
+  const auto held = co_await lock.acquire(id, "owner-c", kLongTtl);
+  BOOST_REQUIRE(held.has_value());
+  BOOST_CHECK(!held->acquired);
+  BOOST_CHECK(held->holder == marker);
+  co_await f->let_time_pass(3 * kShortTtl);  // the value lives its own ttl, not the lock's
+  co_await expect(lock.try_acquire(id, "owner-c", kLongTtl), true, "c acquires after its ttl");
+  co_await expect(lock.replace(id, "owner-a", marker, kLongTtl), false,
+                  "a replaces c's lock after its own expired");
+}
+
+template <class Fixture>
+boost::asio::awaitable<void> a_value_is_deleted_only_by_its_exact_bytes(Fixture* f) {
+  auto& lock = f->lock();
+  const auto id = random_id();
+  const std::string marker("IGM1 stale", 10);
+  co_await require(lock.try_acquire(id, "owner-a", kLongTtl), true, "a acquires");
+  co_await require(lock.replace(id, "owner-a", marker, kLongTtl), true, "a replaces");
+  co_await expect(lock.release(id, "IGM1 other"), false, "another value deletes the marker");
+  co_await expect(lock.release(id, marker), true, "the marker's bytes delete it");
+  co_await expect(lock.try_acquire(id, "owner-b", kLongTtl), true, "b acquires the freed key");
+}
+
 }  // namespace idemgate::test::lock_service_contract
 
 #define IDEMGATE_LOCK_CONTRACT_CASE(Fixture, name, body)                     \
@@ -183,4 +229,10 @@ boost::asio::awaitable<void> lock_is_free_again_after_its_ttl(Fixture* f) {
   IDEMGATE_LOCK_CONTRACT_CASE(Fixture, spec_C23_owner_release_frees_the_lock_once,                \
                               owner_release_frees_the_lock_once)                                  \
   IDEMGATE_LOCK_CONTRACT_CASE(Fixture, spec_C23_lock_is_free_again_after_its_ttl,                 \
-                              lock_is_free_again_after_its_ttl)
+                              lock_is_free_again_after_its_ttl)                                   \
+  IDEMGATE_LOCK_CONTRACT_CASE(Fixture, spec_C23_acquire_returns_what_holds_the_key,               \
+                              acquire_returns_what_holds_the_key)                                 \
+  IDEMGATE_LOCK_CONTRACT_CASE(Fixture, spec_C23_owner_replaces_its_lock_by_the_committed_marker,  \
+                              owner_replaces_its_lock_by_a_value_with_its_own_ttl)                \
+  IDEMGATE_LOCK_CONTRACT_CASE(Fixture, spec_C23_a_marker_is_deleted_only_by_its_exact_bytes,      \
+                              a_value_is_deleted_only_by_its_exact_bytes)

@@ -297,7 +297,7 @@ BOOST_AUTO_TEST_CASE(unknown_keys_are_rejected_at_every_level) {
              "ttl, lock_ttl, key_scope, fingerprint, upstream_key, upstream_key_secret_file, "
              "key_source, on_mismatch, concurrency, wait_timeout, max_waiters, store_statuses, "
              "max_stored_response, on_unknown_outcome, fingerprint_body, on_store_error, "
-             "commit_timeout)");
+             "commit_timeout, replay_cache_ttl, replay_cache_max_bytes)");
   BOOST_TEST(error_of(replace(kBase, "path_prefix: /", "path_prefix: /, hosts: a.com")) ==
              "t.yaml:8: routes[0].match.hosts: unknown key (expected one of: path_prefix, path, "
              "host, methods)");
@@ -622,6 +622,24 @@ BOOST_AUTO_TEST_CASE(spec_C26_commit_timeout_defaults_to_10s_and_is_0s_to_10m) {
   BOOST_TEST(error_of(with_idempotency("      commit_timeout: 11m\n")) ==
              "t.yaml:12: routes[0].idempotency.commit_timeout: must be between 0s and 10m, got "
              "11m");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C23_replay_cache_keys_default_to_5m_and_16KiB_and_never_exceed_ttl) {
+  const auto defaults = idem_of(with_idempotency(""));
+  BOOST_TEST(defaults.replay_cache_ttl.count() == 300'000);
+  BOOST_TEST(defaults.replay_cache_max_bytes == 16u * 1024u);
+  // The default marker lifetime is cut to a shorter record ttl.
+  BOOST_TEST(idem_of(with_idempotency("      ttl: 2m\n")).replay_cache_ttl.count() == 120'000);
+  BOOST_TEST(idem_of(with_idempotency("      replay_cache_ttl: 0s\n")).replay_cache_ttl.count() ==
+             0);
+  BOOST_TEST(
+      idem_of(with_idempotency("      replay_cache_max_bytes: 1MiB\n")).replay_cache_max_bytes ==
+      1024u * 1024u);
+  BOOST_TEST(error_of(with_idempotency("      ttl: 1h\n      replay_cache_ttl: 2h\n")) ==
+             "t.yaml:13: routes[0].idempotency.replay_cache_ttl: must not exceed ttl (1h), got 2h");
+  BOOST_TEST(
+      error_of(with_idempotency("      replay_cache_max_bytes: 2MiB\n"))
+          .find("t.yaml:12: routes[0].idempotency.replay_cache_max_bytes: must be between") == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(spec_C18_max_waiters_defaults_to_32_and_is_0_to_10000) {

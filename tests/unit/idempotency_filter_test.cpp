@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gateway/core/fingerprint.hpp"
+#include "gateway/core/replay_marker.hpp"
 #include "tests/fakes/memory_lock.hpp"
 #include "tests/fakes/memory_record_store.hpp"
 
@@ -112,7 +113,7 @@ BOOST_AUTO_TEST_CASE(spec_C15_first_request_executes_once_and_commits_before_rep
   BOOST_TEST(r.response.status == 201);
   BOOST_REQUIRE(store.get(req.id) != nullptr);
   BOOST_TEST(store.get(req.id)->response.status == 201);
-  BOOST_TEST(lock.owner(req.id).empty());  // released after the commit
+  BOOST_TEST(is_replay_marker(lock.owner(req.id)));  // replaced by the committed marker (C23)
 }
 
 BOOST_AUTO_TEST_CASE(spec_C16_retry_replays_stored_response_without_upstream_call) {
@@ -124,7 +125,9 @@ BOOST_AUTO_TEST_CASE(spec_C16_retry_replays_stored_response_without_upstream_cal
   BOOST_TEST(r.response.body == "first");
   BOOST_TEST(r.response.headers.size() == 3u);
   BOOST_TEST(r.response.headers[2].second == "b=2");
-  BOOST_TEST(lock.acquire_calls == 1);  // a replay never touches the lock
+  // A replay is one lock store round trip: the marker answers it, Postgres is not asked.
+  BOOST_TEST(lock.acquire_calls == 2);
+  BOOST_TEST(store.find_calls == 1);
 }
 
 BOOST_AUTO_TEST_CASE(spec_C17_same_key_different_request_is_a_mismatch_and_record_kept) {
@@ -208,7 +211,7 @@ BOOST_AUTO_TEST_CASE(record_committed_between_lookup_and_acquire_is_replayed_not
   BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::replayed));
   BOOST_TEST(r.response.body == "first");
   BOOST_TEST(executions == 0);
-  BOOST_TEST(lock.owner(req.id).empty());
+  BOOST_TEST(is_replay_marker(lock.owner(req.id)));  // the record found is cached again
 }
 
 BOOST_AUTO_TEST_CASE(spec_C21_status_outside_store_statuses_stores_nothing_and_frees_key) {
@@ -289,10 +292,13 @@ BOOST_AUTO_TEST_CASE(spec_C23_release_is_owner_only) {
 BOOST_AUTO_TEST_CASE(spec_C24_expired_records_are_treated_as_absent) {
   const auto req = request("k1");
   auto t = std::chrono::system_clock::now();
+  auto lock_t = MemoryLock::Clock::now();
   store.now = [&t] { return t; };
+  lock.now = [&lock_t] { return lock_t; };
   policy.ttl = 1h;
   run(req, upstream(201, "first"));
   t += 2h;
+  lock_t += 2h;  // the marker (≤ ttl) is gone too
   const FilterResult r = run(req, upstream(201, "second"));
   BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::executed));
   BOOST_TEST(r.response.body == "second");
@@ -304,7 +310,7 @@ BOOST_AUTO_TEST_CASE(spec_C25_store_error_fails_closed_without_calling_upstream)
   const FilterResult r = run(request("k1"), upstream(201));
   BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::store_unavailable));
   BOOST_TEST(executions == 0);
-  lock.fail_acquire_at = 1;
+  lock.fail_acquire_at = lock.acquire_calls + 1;
   const FilterResult r2 = run(request("k2"), upstream(201));
   BOOST_TEST(static_cast<int>(r2.outcome) == static_cast<int>(Outcome::store_unavailable));
   BOOST_TEST(executions == 0);
@@ -357,7 +363,7 @@ BOOST_AUTO_TEST_CASE(spec_C26_a_failed_commit_is_retried_with_the_lock_renewed_u
   // Backoff 50, 100, 200 ms, each jittered down to half at most.
   BOOST_TEST(took >= 175ms);
   BOOST_TEST(lock.renew_calls >= 2);
-  BOOST_TEST(lock.owner(req.id).empty());  // released after the commit
+  BOOST_TEST(is_replay_marker(lock.owner(req.id)));  // the lock became the marker
   const FilterResult retry = run(req, upstream(201, "again"));
   BOOST_TEST(static_cast<int>(retry.outcome) == static_cast<int>(Outcome::replayed));
   BOOST_TEST(retry.response.body == "paid");
@@ -377,7 +383,7 @@ BOOST_AUTO_TEST_CASE(spec_C26_a_retried_commit_that_finds_its_own_row_is_not_a_d
   BOOST_TEST(r.response.body == "paid");
   BOOST_TEST(duplicates == 0);
   BOOST_TEST(store.insert_calls == 2);
-  BOOST_TEST(lock.owner(req.id).empty());
+  BOOST_TEST(is_replay_marker(lock.owner(req.id)));
 
   // Another execution's row is still a duplicate, retried commit or not.
   const auto other = request("k2");
@@ -551,6 +557,151 @@ BOOST_AUTO_TEST_CASE(spec_C18_a_waiter_that_takes_the_lock_no_longer_counts_as_w
   BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::executed));
   BOOST_TEST(waiting_while_executing == 0u);
   BOOST_TEST(filter.waiters(req.id) == 0u);
+}
+
+// --- The committed marker (C23): the lock becomes a marker after the commit ---------------
+
+BOOST_AUTO_TEST_CASE(spec_C23_the_lock_becomes_a_committed_marker_after_the_commit) {
+  const auto req = request("k1");
+  run(req, upstream(201, "first"));
+  const std::string value = lock.owner(req.id);
+  BOOST_REQUIRE(is_replay_marker(value));
+  const auto marker = decode_replay_marker(value);
+  BOOST_REQUIRE(marker.has_value());
+  BOOST_TEST(marker->fingerprint == req.fingerprint);
+  BOOST_REQUIRE(marker->response.has_value());
+  BOOST_TEST(marker->response->body == "first");
+  BOOST_TEST(lock.replace_calls == 1);
+  BOOST_TEST(lock.release_calls == 0);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C16_a_replay_from_the_marker_equals_the_record_and_skips_postgres) {
+  const auto req = request("k1");
+  run(req, upstream(201, "first"));
+  const int finds = store.find_calls;
+  const FilterResult from_marker = run(req, upstream(201, "second"));
+  BOOST_TEST(store.find_calls == finds);  // no Postgres lookup
+  BOOST_TEST(from_marker.from_marker);
+  lock.drop(req.id);  // Redis lost the marker: the record answers
+  const FilterResult from_record = run(req, upstream(201, "third"));
+  BOOST_TEST(!from_record.from_marker);
+  BOOST_TEST(store.find_calls == finds + 1);
+  for (const FilterResult* r : {&from_marker, &from_record}) {
+    BOOST_TEST(static_cast<int>(r->outcome) == static_cast<int>(Outcome::replayed));
+    BOOST_TEST(r->response.status == 201);
+    BOOST_TEST(r->response.body == "first");
+    BOOST_TEST((r->response.headers == store.get(req.id)->response.headers));
+  }
+  BOOST_TEST(executions == 1);
+  BOOST_TEST(is_replay_marker(lock.owner(req.id)));  // put back by the record lookup
+}
+
+BOOST_AUTO_TEST_CASE(spec_C17_a_mismatch_against_the_marker_is_decided_without_postgres) {
+  run(request("k1", "{\"amount\":1}"), upstream(201, "first"));
+  const int finds = store.find_calls;
+  const FilterResult r = run(request("k1", "{\"amount\":2}"), upstream(201, "second"));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::mismatch));
+  BOOST_TEST(r.from_marker);
+  BOOST_TEST(store.find_calls == finds);
+  BOOST_TEST(executions == 1);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C23_a_response_over_replay_cache_max_bytes_replays_through_postgres) {
+  policy.replay_cache_max_bytes = 16;
+  const auto req = request("k1");
+  run(req, upstream(201, std::string(64, 'x')));
+  const auto marker = decode_replay_marker(lock.owner(req.id));
+  BOOST_REQUIRE(marker.has_value());
+  BOOST_TEST(!marker->response.has_value());  // fingerprint only
+  const int finds = store.find_calls;
+  const FilterResult r = run(req, upstream(201));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::replayed));
+  BOOST_TEST(!r.from_marker);
+  BOOST_TEST(store.find_calls == finds + 1);
+  BOOST_TEST(r.response.body == std::string(64, 'x'));
+  BOOST_TEST(executions == 1);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C26_no_marker_is_written_when_the_commit_fails) {
+  policy.commit_timeout = 0ms;
+  store.fail_insert_at = 1;
+  const auto req = request("k1");
+  const FilterResult r = run(req, upstream(201));
+  BOOST_TEST(r.record_commit_failed);
+  BOOST_TEST(lock.replace_calls == 0);
+  const std::string value = lock.owner(req.id);
+  BOOST_TEST(!value.empty());
+  BOOST_TEST(!is_replay_marker(value));  // the plain lock, kept until lock_ttl
+}
+
+BOOST_AUTO_TEST_CASE(spec_C23_a_marker_whose_record_is_gone_is_dropped_and_the_key_executes) {
+  policy.replay_cache_max_bytes = 0;  // markers without the response: the record is looked up
+  const auto req = request("k1");
+  run(req, upstream(201, "first"));
+  BOOST_REQUIRE(is_replay_marker(lock.owner(req.id)));
+  store.erase(req.id);  // purged behind the marker's back
+  const FilterResult r = run(req, upstream(201, "again"));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::executed));
+  BOOST_TEST(r.response.body == "again");
+  BOOST_TEST(executions == 2);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C23_replay_cache_ttl_zero_deletes_the_lock_instead) {
+  policy.replay_cache_ttl = 0ms;
+  const auto req = request("k1");
+  run(req, upstream(201));
+  BOOST_TEST(lock.owner(req.id).empty());
+  BOOST_TEST(lock.replace_calls == 0);
+  BOOST_TEST(lock.release_calls == 1);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C24_a_marker_never_outlives_its_record) {
+  policy.ttl = 1h;
+  const auto req = request("k1");
+  // A record with ten seconds left, found under the lock: its marker ends before them.
+  StoredRecord rec;
+  rec.id = req.id;
+  rec.fingerprint = req.fingerprint;
+  rec.response.status = 201;
+  store.put(rec, 10s);
+  auto fake_now = MemoryLock::Clock::now();
+  lock.now = [&] { return fake_now; };
+  run(req, upstream(201));
+  BOOST_REQUIRE(is_replay_marker(lock.owner(req.id)));
+  fake_now += 10s;
+  BOOST_TEST(lock.owner(req.id).empty());
+  BOOST_TEST(executions == 0);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C25_a_lock_store_failure_still_replays_a_committed_record) {
+  const auto req = request("k1");
+  run(req, upstream(201, "first"));
+  lock.fail_acquire_at = lock.acquire_calls + 1;
+  const FilterResult r = run(req, upstream(201, "second"));
+  BOOST_TEST(static_cast<int>(r.outcome) == static_cast<int>(Outcome::replayed));
+  BOOST_TEST(r.response.body == "first");
+  BOOST_TEST(executions == 1);
+}
+
+BOOST_AUTO_TEST_CASE(replay_markers_round_trip_and_reject_garbage) {
+  ReplayMarker marker;
+  marker.fingerprint[0] = 7;
+  marker.response = StoredResponse{204, {{"Set-Cookie", "a=1"}, {"Set-Cookie", "b=2"}}, "", false};
+  const std::string value = encode_replay_marker(marker);
+  BOOST_TEST(is_replay_marker(value));
+  BOOST_TEST(!is_replay_marker(random_token()));
+  const auto back = decode_replay_marker(value);
+  BOOST_REQUIRE(back.has_value());
+  BOOST_TEST(back->fingerprint == marker.fingerprint);
+  BOOST_TEST(back->response->status == 204);
+  BOOST_TEST((back->response->headers == marker.response->headers));
+  for (std::size_t cut = 0; cut < value.size(); ++cut) {
+    BOOST_TEST(!decode_replay_marker(std::string_view(value).substr(0, cut)).has_value());
+  }
+  BOOST_TEST(!decode_replay_marker(value + "x").has_value());
+  std::string huge_count = value;
+  huge_count[4 + 32 + 1 + 2] = '\x7f';  // header count's top byte
+  BOOST_TEST(!decode_replay_marker(huge_count).has_value());
 }
 
 BOOST_AUTO_TEST_SUITE_END()
