@@ -204,16 +204,20 @@ void IdempotencyFilter::settle(const asio::any_io_executor& executor, const Sha2
       },
       [this](std::exception_ptr e) {
         if (--settling_ == 0 && on_settled_) std::exchange(on_settled_, nullptr)();
-        if (!e) return;
-        std::string detail = "unknown exception";
-        try {
-          std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-          detail = ex.what();
-        } catch (...) {
-        }
-        if (events_.task_failed) events_.task_failed("lock settle", detail);
+        task_ended("lock settle", e);
       });
+}
+
+void IdempotencyFilter::task_ended(const char* what, const std::exception_ptr& e) {
+  if (!e) return;
+  std::string detail = "unknown exception";
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    detail = ex.what();
+  } catch (...) {
+  }
+  if (events_.task_failed) events_.task_failed(what, detail);
 }
 
 void IdempotencyFilter::when_settled(std::function<void()> done) {
@@ -377,17 +381,7 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
           if (!renewed && events_.store_error) events_.store_error("lock renew", renewed.error());
         }
       },
-      [this](std::exception_ptr e) {
-        if (!e) return;
-        std::string detail = "unknown exception";
-        try {
-          std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-          detail = ex.what();
-        } catch (...) {
-        }
-        if (events_.task_failed) events_.task_failed("lock renew", detail);
-      });
+      [this](std::exception_ptr e) { task_ended("lock renew", e); });
 
   // Renewal lasts through the upstream call and the commit (C26 retries included), and ends
   // before the lock is released or left to expire; also when forward() or the store throws.

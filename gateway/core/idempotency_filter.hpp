@@ -7,6 +7,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -162,6 +163,9 @@ class IdempotencyFilter {
   /// deleted when there is no marker (or no time left for it).
   void settle(const boost::asio::any_io_executor& executor, const Sha256& id, std::string token,
               std::optional<std::string> marker, std::chrono::milliseconds ttl);
+  /// The end of a detached task (`what`: "lock renew", "lock settle"): an exception stops the
+  /// task only and is reported through FilterEvents::task_failed.
+  void task_ended(const char* what, const std::exception_ptr& e);
 
   RecordStore& store_;
   LockService& lock_;

@@ -962,15 +962,27 @@ UpstreamReply cookie_reply(std::string body) {
                        .body = std::move(body)};
 }
 
+/// One keyed route `name` (on /payments, with extra `idempotency` lines) in front of a
+/// TestUpstream that answers `reply`.
+struct MarkerRig {
+  MarkerRig(const std::string& name, const UpstreamReply& reply, const std::string& lines = "",
+            std::string redis_timeout = "") {
+    upstream.on("/payments", {reply});
+    GatewayConfig config;
+    config.upstreams = {{"payments", {upstream.address()}}};
+    config.routes_yaml = single_route(name, lines);
+    if (!redis_timeout.empty()) config.redis_operation_timeout = std::move(redis_timeout);
+    gateway = std::make_unique<Gateway>(config);
+  }
+  TestUpstream upstream;
+  std::unique_ptr<Gateway> gateway;
+};
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(spec_C16_replays_from_the_marker_and_from_postgres_are_byte_identical) {
-  TestUpstream upstream;
-  upstream.on("/payments", {cookie_reply(R"({"id":7})")});
-  GatewayConfig config;
-  config.upstreams = {{"payments", {upstream.address()}}};
-  config.routes_yaml = single_route("c23-marker", "");
-  Gateway gateway(config);
+  MarkerRig rig("c23-marker", cookie_reply(R"({"id":7})"));
+  Gateway& gateway = *rig.gateway;
   RedisClient redis;
   Database db(stores().pg_dsn());
 
@@ -1003,16 +1015,12 @@ BOOST_AUTO_TEST_CASE(spec_C16_replays_from_the_marker_and_from_postgres_are_byte
   BOOST_TEST(redis.del(lock) == 1);
   const HttpResponse looked_up = gateway.send(request);
   BOOST_TEST(looked_up.body == "changed", describe(looked_up));
-  BOOST_TEST(upstream.count("/payments") == 1u);
+  BOOST_TEST(rig.upstream.count("/payments") == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(spec_C17_a_mismatch_against_the_marker_is_422_and_the_record_kept) {
-  TestUpstream upstream;
-  upstream.on("/payments", {cookie_reply(R"({"id":8})")});
-  GatewayConfig config;
-  config.upstreams = {{"payments", {upstream.address()}}};
-  config.routes_yaml = single_route("c23-mismatch", "");
-  Gateway gateway(config);
+  MarkerRig rig("c23-mismatch", cookie_reply(R"({"id":8})"));
+  Gateway& gateway = *rig.gateway;
   RedisClient redis;
 
   const std::string key = unique_name("c23-mismatch");
@@ -1026,17 +1034,12 @@ BOOST_AUTO_TEST_CASE(spec_C17_a_mismatch_against_the_marker_is_422_and_the_recor
   const HttpResponse same = gateway.send(keyed_post("/payments", key, R"({"amount":1})"));
   BOOST_TEST(replayed(same), describe(same));
   BOOST_TEST(same.body == first.body);
-  BOOST_TEST(upstream.count("/payments") == 1u);
+  BOOST_TEST(rig.upstream.count("/payments") == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(spec_C23_redis_restarted_between_retries_still_replays_from_postgres) {
-  TestUpstream upstream;
-  upstream.on("/payments", {cookie_reply(R"({"id":9})")});
-  GatewayConfig config;
-  config.upstreams = {{"payments", {upstream.address()}}};
-  config.routes_yaml = single_route("c23-restart", "");
-  config.redis_operation_timeout = "300ms";
-  Gateway gateway(config);
+  MarkerRig rig("c23-restart", cookie_reply(R"({"id":9})"), "", "300ms");
+  Gateway& gateway = *rig.gateway;
 
   const std::string key = unique_name("c23-restart");
   const std::string lock = lock_key(record_id_hex("c23-restart", key));
@@ -1075,17 +1078,13 @@ BOOST_AUTO_TEST_CASE(spec_C23_redis_restarted_between_retries_still_replays_from
     std::this_thread::sleep_for(kRetryInterval);
   }
   BOOST_TEST(redis.wait_for_marker(lock), gateway.diagnostics());
-  BOOST_TEST(upstream.count("/payments") == 1u);
+  BOOST_TEST(rig.upstream.count("/payments") == 1u);
 }
 
 BOOST_AUTO_TEST_CASE(spec_C23_a_response_over_replay_cache_max_bytes_replays_through_postgres) {
-  TestUpstream upstream;
   const std::string body(200, 'x');
-  upstream.on("/payments", {cookie_reply(body)});
-  GatewayConfig config;
-  config.upstreams = {{"payments", {upstream.address()}}};
-  config.routes_yaml = single_route("c23-large", "      replay_cache_max_bytes: 128\n");
-  Gateway gateway(config);
+  MarkerRig rig("c23-large", cookie_reply(body), "      replay_cache_max_bytes: 128\n");
+  Gateway& gateway = *rig.gateway;
   RedisClient redis;
   Database db(stores().pg_dsn());
 
@@ -1106,5 +1105,5 @@ BOOST_AUTO_TEST_CASE(spec_C23_a_response_over_replay_cache_max_bytes_replays_thr
   const HttpResponse again = gateway.send(request);
   BOOST_TEST(again.body == "changed", describe(again));
   BOOST_TEST(is_problem(gateway.send(keyed_post("/payments", key, R"({"amount":2})")), 422));
-  BOOST_TEST(upstream.count("/payments") == 1u);
+  BOOST_TEST(rig.upstream.count("/payments") == 1u);
 }
