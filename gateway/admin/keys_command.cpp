@@ -263,7 +263,7 @@ int run_keys(const config::Config& config, const KeysRequest& request, std::ostr
     if (PQntuples(rows.get()) == 0) {
       out << "not found\n";
       if (held) out << "lock held (a request with this key is in flight)\n";
-      if (marker) out << "replay_marker present (its record is gone: the next request executes)\n";
+      if (marker) out << "replay_marker present (it answers for the key until it expires)\n";
       return kKeysNotFound;
     }
     auto col = [&](int c) { return std::string(PQgetvalue(rows.get(), 0, c)); };

@@ -76,16 +76,15 @@ std::optional<std::string> marker_for(const RoutePolicy& policy, const Sha256& f
   return encode_replay_marker(marker);
 }
 
-/// How long a marker for a record expiring at `expires_at` may live: replay_cache_ttl, but never
-/// past the record (C24: an expired record is absent at once). Postgres's clock sets expires_at
-/// and Redis starts the marker's TTL when the command arrives, so the marker ends a margin
-/// (a tenth of the record ttl, at most 1 s) before the record.
-std::chrono::milliseconds marker_ttl(const RoutePolicy& policy,
-                                     std::chrono::system_clock::time_point expires_at) {
+/// When a marker for a record expiring at `expires_at` must be gone: replay_cache_ttl from now,
+/// but never past the record (C24: an expired record is absent at once). Postgres's clock sets
+/// expires_at and Redis starts the marker's TTL when the command arrives, so the marker ends a
+/// margin (a tenth of the record ttl, at most 1 s) before the record; clocks are assumed to
+/// agree within it.
+std::chrono::system_clock::time_point marker_end(const RoutePolicy& policy,
+                                                 std::chrono::system_clock::time_point expires_at) {
   const auto margin = std::min<std::chrono::milliseconds>(policy.ttl / 10, std::chrono::seconds(1));
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-      expires_at - std::chrono::system_clock::now());
-  return std::min(policy.replay_cache_ttl, left - margin);
+  return std::min(std::chrono::system_clock::now() + policy.replay_cache_ttl, expires_at - margin);
 }
 
 constexpr char kMismatchDetail[] =
@@ -183,15 +182,18 @@ asio::awaitable<FilterResult> IdempotencyFilter::on_store_error(const RoutePolic
 
 void IdempotencyFilter::settle(const asio::any_io_executor& executor, const Sha256& id,
                                std::string token, std::optional<std::string> marker,
-                               std::chrono::milliseconds ttl) {
-  if (ttl < std::chrono::milliseconds(1)) marker.reset();
+                               std::chrono::system_clock::time_point end) {
   ++settling_;
   // Detached: the client's answer does not wait, and its disconnect does not cancel it (C34).
   // Until this lands, a retry meets the lock and looks the record up (C15), so it is a replay.
   asio::co_spawn(
       executor,
       [this, id, token = std::move(token), marker = std::move(marker),
-       ttl]() mutable -> asio::awaitable<void> {
+       end]() mutable -> asio::awaitable<void> {
+        // The TTL is taken when the command leaves, not when the answer did.
+        const auto ttl = std::chrono::duration_cast<std::chrono::milliseconds>(
+            end - std::chrono::system_clock::now());
+        if (ttl < std::chrono::milliseconds(1)) marker.reset();  // no time left: just release
         if (marker) {
           auto replaced = co_await lock_.replace(id, token, std::move(*marker), ttl);
           if (!replaced && events_.store_error)
@@ -362,7 +364,7 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
     // Put the marker back, so the retries after this one skip Postgres again.
     const StoredRecord& record = **found;
     settle(executor, request.id, token, marker_for(policy, record.fingerprint, record.response),
-           marker_ttl(policy, record.expires_at));
+           marker_end(policy, record.expires_at));
     co_return from_record(record, request);
   }
 
@@ -439,7 +441,7 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
     if (events_.duplicate_execution) events_.duplicate_execution();
     const StoredRecord& winner = *inserted->existing;
     settle(executor, request.id, token, marker_for(policy, winner.fingerprint, winner.response),
-           marker_ttl(policy, winner.expires_at));
+           marker_end(policy, winner.expires_at));
     FilterResult replay = from_record(winner, request);
     replay.duplicate_execution = true;
     replay.upstream_time = upstream_time;
@@ -453,7 +455,7 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
   } else {
     marker = marker_for(policy, request.fingerprint, result.response);
   }
-  settle(executor, request.id, token, std::move(marker), marker_ttl(policy, earliest_expiry));
+  settle(executor, request.id, token, std::move(marker), marker_end(policy, earliest_expiry));
   result.outcome = Outcome::executed;
   co_return result;
 }

@@ -159,10 +159,11 @@ class IdempotencyFilter {
                                                       boost::system::error_code ec,
                                                       const Forward& forward);
   FilterResult from_record(const StoredRecord& record, const KeyedRequest& request) const;
-  /// Ends this request's hold of the lock in the background: replaced by `marker` for `ttl`, or
-  /// deleted when there is no marker (or no time left for it).
+  /// Ends this request's hold of the lock in the background: replaced by `marker` until `end`
+  /// (the TTL is computed when the command is sent), or deleted when there is no marker or no
+  /// time left for it.
   void settle(const boost::asio::any_io_executor& executor, const Sha256& id, std::string token,
-              std::optional<std::string> marker, std::chrono::milliseconds ttl);
+              std::optional<std::string> marker, std::chrono::system_clock::time_point end);
   /// The end of a detached task (`what`: "lock renew", "lock settle"): an exception stops the
   /// task only and is reported through FilterEvents::task_failed.
   void task_ended(const char* what, const std::exception_ptr& e);

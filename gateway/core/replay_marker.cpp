@@ -105,6 +105,7 @@ std::optional<ReplayMarker> decode_replay_marker(std::string_view value) {
   StoredResponse r;
   r.body_omitted = (flags & kBodyOmitted) != 0;
   r.status = static_cast<std::uint16_t>(in.u(2));
+  if (r.status < 100 || r.status > 599) return std::nullopt;  // as a stored record's (C16)
   const std::uint32_t count = in.u(4);
   // Each header takes at least 8 bytes: a count larger than what is left is malformed, and
   // checking it first keeps a corrupt count from reserving gigabytes.
