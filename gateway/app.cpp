@@ -209,6 +209,7 @@ int run_gateway(const std::string& config_path, bool migrate) {
           return;
         }
         log_json(spdlog::level::info, "stopping", {{"signal", signo}});
+        admin_server->begin_drain();  // balancers stop sending new connections (C45)
         server->stop(true);
       };
   signals.async_wait(on_signal);

@@ -40,6 +40,7 @@ constexpr std::uint64_t kMaxRequestBody = 64 * 1024;
 struct Stores {
   storage::pg::PgPool* pg;
   storage::redis::RedisConnection* redis;
+  const std::atomic<bool>* draining;  ///< set when a drain began (C45)
 };
 
 // "" when the store answered, otherwise what went wrong.
@@ -68,6 +69,9 @@ bhttp::response<bhttp::string_body> json_response(bhttp::status status, const js
 
 asio::awaitable<bhttp::response<bhttp::string_body>> readiness(Stores stores, unsigned version) {
   using namespace asio::experimental::awaitable_operators;
+  if (stores.draining->load(std::memory_order_relaxed)) {
+    co_return json_response(bhttp::status::service_unavailable, {{"status", "draining"}}, version);
+  }
   auto [pg_error, redis_error] = co_await (probe_postgres(stores.pg) && probe_redis(stores.redis));
   json::object body;
   json::array failing;
@@ -194,8 +198,9 @@ AdminServer::~AdminServer() {
 
 void AdminServer::start() {
   if (thread_.joinable()) return;
-  asio::co_spawn(io_, accept_loop(&acceptor_, Stores{pg_.get(), redis_.get()}, &metrics_text_),
-                 [](std::exception_ptr e) { log_failure(e, "admin accept loop failed"); });
+  asio::co_spawn(
+      io_, accept_loop(&acceptor_, Stores{pg_.get(), redis_.get(), &draining_}, &metrics_text_),
+      [](std::exception_ptr e) { log_failure(e, "admin accept loop failed"); });
   log_json(spdlog::level::info, "admin listening", {{"address", address_}, {"port", port_}});
   thread_ = std::thread([this] { io_.run(); });
 }

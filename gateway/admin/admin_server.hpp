@@ -3,6 +3,7 @@
 // a small Beast server on a thread and io_context of its own, so that a scrape or a probe never
 // competes with request threads, and a busy request thread never delays a probe.
 
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <cstdint>
@@ -27,7 +28,9 @@ namespace idemgate::admin {
 /// - `GET /readyz` → 200 `{"status":"ready",…}` when Postgres answers `SELECT 1` and Redis
 ///   answers `PING`, each within its configured `operation_timeout`; otherwise 503
 ///   `{"status":"unavailable","failing":["postgres"|"redis",…],"postgres":"…","redis":"…"}`
-///   with the error of each failing store (C30). The probes use a dedicated PgPool of one
+///   with the error of each failing store (C30); 503 `{"status":"draining"}` without probing
+///   once begin_drain() was called (C45: a balancer stops sending new connections while the
+///   requests in flight finish). The probes use a dedicated PgPool of one
 ///   connection and a dedicated RedisConnection, run concurrently on the admin thread, and
 ///   reconnect by themselves when a store returns.
 /// - `GET /metrics` → 200 Prometheus text (version 0.0.4) from `metrics_text` (C31).
@@ -52,6 +55,9 @@ class AdminServer {
   void start();
   /// Stops serving and joins the thread; idempotent.
   void stop();
+  /// From now on `/readyz` answers 503 "draining" until the process exits (SPEC C45). Any
+  /// thread.
+  void begin_drain() noexcept { draining_.store(true, std::memory_order_relaxed); }
 
   /// The bound port.
   std::uint16_t port() const { return port_; }
@@ -62,6 +68,7 @@ class AdminServer {
   std::unique_ptr<storage::pg::PgPool> pg_;
   std::unique_ptr<storage::redis::RedisConnection> redis_;
   MetricsText metrics_text_;
+  std::atomic<bool> draining_{false};
   std::string address_;
   std::uint16_t port_ = 0;
   std::thread thread_;

@@ -257,6 +257,32 @@ BOOST_AUTO_TEST_CASE(sigterm_drains_a_request_in_flight_stores_its_record_marks_
   BOOST_TEST(idemgate::core::is_replay_marker(redis.get(e2e::lock_key(id)).value_or("")));
 }
 
+BOOST_AUTO_TEST_CASE(spec_C45_readyz_turns_503_when_a_drain_begins_and_stays_so_until_exit) {
+  TestUpstream upstream;
+  upstream.on("/pay/drain", {held()});
+  OpsGateway gateway(config_for(upstream, {route("pay", "/pay", "required")}).render());
+  BOOST_TEST_REQUIRE(gateway.admin_get("/readyz").status == 200u);
+
+  HttpResponse in_flight;
+  std::thread client(
+      [&] { in_flight = gateway.send(keyed_post("/pay/drain", unique_name("c45"), "{}")); });
+  BOOST_TEST_REQUIRE(upstream.wait_for("/pay/drain", 1));
+  gateway.signal(SIGTERM);
+  BOOST_TEST_REQUIRE(gateway.wait_for_log("stopping"));
+  // The request in flight keeps the process draining: readiness says so, health does not.
+  const auto draining = gateway.admin_get("/readyz");
+  BOOST_TEST(draining.status == 503u, e2e::describe(draining));
+  BOOST_TEST(draining.body.find(R"("status":"draining")") != std::string::npos, draining.body);
+  BOOST_TEST(gateway.admin_get("/healthz").status == 200u);
+  BOOST_TEST(gateway.admin_get("/readyz").status == 503u);  // stays 503 while draining
+  upstream.release();
+  client.join();
+  BOOST_TEST(in_flight.status == 201u, e2e::describe(in_flight));
+  const auto status = gateway.wait_exit();
+  BOOST_TEST_REQUIRE(status.has_value());
+  BOOST_TEST(*status == 0);
+}
+
 BOOST_AUTO_TEST_CASE(keys_show_prints_the_record_and_purge_deletes_it_so_a_retry_executes) {
   TestUpstream upstream;
   OpsGateway gateway(
