@@ -99,7 +99,8 @@ std::optional<ReplayMarker> decode_replay_marker(std::string_view value) {
   for (std::size_t i = 0; i < fp.size(); ++i)
     marker.fingerprint[i] = static_cast<std::uint8_t>(fp[i]);
   if ((flags & kHasResponse) == 0) {
-    if (!in.at_end()) return std::nullopt;
+    // Without a response there is no body to omit: one encoding per marker.
+    if (flags != 0 || !in.at_end()) return std::nullopt;
     return marker;
   }
   StoredResponse r;

@@ -699,6 +699,9 @@ BOOST_AUTO_TEST_CASE(replay_markers_round_trip_and_reject_garbage) {
     BOOST_TEST(!decode_replay_marker(std::string_view(value).substr(0, cut)).has_value());
   }
   BOOST_TEST(!decode_replay_marker(value + "x").has_value());
+  std::string omitted_without_response = encode_replay_marker(ReplayMarker{marker.fingerprint, {}});
+  omitted_without_response.back() = '\x02';  // body_omitted with no response: not canonical
+  BOOST_TEST(!decode_replay_marker(omitted_without_response).has_value());
   ReplayMarker odd = marker;
   odd.response->status = 1000;  // no HTTP status: refused like a stored record's
   BOOST_TEST(!decode_replay_marker(encode_replay_marker(odd)).has_value());
