@@ -166,11 +166,14 @@ RedisPtr connect_redis(const config::Redis& options, std::ostream& err) {
     }
     return true;
   };
-  if (!options.password.empty() &&
-      !check(ReplyPtr(static_cast<redisReply*>(redisCommand(
-                 ctx.get(), "AUTH %b", options.password.data(), options.password.size()))),
-             "AUTH")) {
-    return nullptr;
+  if (!options.password.empty()) {
+    ReplyPtr auth(static_cast<redisReply*>(
+        options.username.empty()
+            ? redisCommand(ctx.get(), "AUTH %b", options.password.data(), options.password.size())
+            : redisCommand(ctx.get(), "AUTH %b %b", options.username.data(),
+                           options.username.size(), options.password.data(),
+                           options.password.size())));
+    if (!check(std::move(auth), "AUTH")) return nullptr;
   }
   if (options.db != 0 &&
       !check(ReplyPtr(static_cast<redisReply*>(redisCommand(ctx.get(), "SELECT %d", options.db))),

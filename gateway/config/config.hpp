@@ -54,6 +54,8 @@ struct Redis {
   std::uint16_t port = 6379;
   int db = 0;
   std::string password;  ///< empty: no AUTH
+  /// Redis 6 ACL user for `AUTH username password`; empty: `AUTH password` (the default user).
+  std::string username;
   Duration operation_timeout = std::chrono::milliseconds(500);
 };
 

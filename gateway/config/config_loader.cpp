@@ -558,7 +558,8 @@ void Loader::storage(const Field& f) {
   if (auto v = pg.get("operation_timeout")) s.postgres.operation_timeout = duration(*v, 10ms, 60s);
 
   if (auto r = m.get("redis")) {
-    const Map redis(*this, *r, {"address", "port", "db", "password", "operation_timeout"});
+    const Map redis(*this, *r,
+                    {"address", "port", "db", "password", "username", "operation_timeout"});
     if (auto v = redis.get("address")) {
       std::string a = non_empty(*v);
       if (a.find(':') != std::string::npos ? !is_ipv6(a) : !is_hostname(a)) {
@@ -572,6 +573,13 @@ void Loader::storage(const Field& f) {
       s.redis.db = static_cast<int>(integer(*v, 0, std::numeric_limits<int>::max()));
     }
     if (auto v = redis.get("password")) s.redis.password = scalar(*v);
+    if (auto v = redis.get("username")) {
+      s.redis.username = scalar(*v);
+      // An ACL user authenticates with both (AUTH username password, Redis >= 6).
+      if (!s.redis.username.empty() && s.redis.password.empty()) {
+        fail(*v, "an ACL username needs redis.password as well");
+      }
+    }
     if (auto v = redis.get("operation_timeout"))
       s.redis.operation_timeout = duration(*v, 10ms, 60s);
   }

@@ -151,7 +151,11 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
     redisAsyncSetDisconnectCallback(ac, &Session::on_disconnect);
 
     // Replies are FIFO: commands queued now go out after AUTH and SELECT once connected.
-    if (!options_.password.empty()) send_setup({"AUTH", options_.password});
+    if (!options_.password.empty()) {
+      send_setup(options_.username.empty()
+                     ? std::vector<std::string>{"AUTH", options_.password}
+                     : std::vector<std::string>{"AUTH", options_.username, options_.password});
+    }
     if (options_.db != 0) send_setup({"SELECT", std::to_string(options_.db)});
     while (!waiting_.empty() && !closed_) {
       auto op = std::move(waiting_.front());

@@ -41,8 +41,9 @@ struct Reply {
 /// no gateway restart (SPEC C25).
 ///
 /// Connecting: `address` is used as is when it is an IP literal, otherwise it is resolved with
-/// Asio first (hiredis would resolve blocking). After the TCP connect, `AUTH password` (when a
-/// password is set) and `SELECT db` (when db != 0) are the first commands on the connection.
+/// Asio first (hiredis would resolve blocking). After the TCP connect, `AUTH password`, or
+/// `AUTH username password` for an ACL user (when a password is set), and `SELECT db` (when db !=
+/// 0) are the first commands on the connection.
 ///
 /// Deadlines: every command ends within `operation_timeout` of being issued, connecting
 /// included. A command that misses its deadline returns `store_errc::timed_out` and the

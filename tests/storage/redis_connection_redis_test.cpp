@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "storage/redis/redis_connection.hpp"
+#include "storage/redis/redis_lock.hpp"
 #include "tests/storage/redis_test_support.hpp"
 
 namespace asio = boost::asio;
@@ -109,6 +110,52 @@ BOOST_AUTO_TEST_CASE(refused_auth_fails_commands_with_protocol_error) {
     BOOST_REQUIRE(!r.has_value());
     BOOST_CHECK(r.error() == store_errc::protocol);
   }(&connection));
+}
+
+// An ACL user limited to the lock keys and the commands REFERENCE lists: every connection
+// authenticates as it first, and the lock's whole life (acquire, renew, marker, release) fits
+// those permissions; a key outside the prefix is refused by Redis, a wrong password by AUTH.
+BOOST_AUTO_TEST_CASE(an_acl_user_limited_to_the_lock_keys_runs_the_lock) {
+  const std::string user = "idemgate-acl-" + std::to_string(std::random_device{}());
+  RedisConnection admin{io.get_executor(), options};
+  run([](RedisConnection* a, std::string u) -> asio::awaitable<void> {
+    const auto created = co_await reply_of(
+        a->command("ACL", "SETUSER", u, "on", ">acl-secret", "resetkeys", "~idemgate:lock:*",
+                   "-@all", "+set", "+get", "+eval", "+evalsha", "+pexpire", "+del", "+ping"));
+    BOOST_REQUIRE_MESSAGE(created.is_status("OK"), created.str);
+  }(&admin, user));
+
+  auto as_user = options;
+  as_user.username = user;
+  as_user.password = "acl-secret";
+  RedisConnection connection{io.get_executor(), as_user};
+  idemgate::storage::redis::RedisLock lock{connection};
+  run([](RedisConnection* c, idemgate::storage::redis::RedisLock* l) -> asio::awaitable<void> {
+    idemgate::core::Sha256 id{};
+    id[0] = 0xac;
+    id[1] = static_cast<std::uint8_t>(std::random_device{}());
+    const auto taken = co_await l->acquire(id, "owner", 30s);
+    BOOST_REQUIRE_MESSAGE(taken.has_value(), taken.error().message());
+    BOOST_CHECK(taken->acquired);
+    const auto renewed = co_await l->renew(id, "owner", 30s);
+    BOOST_CHECK(renewed.has_value() && *renewed);
+    const auto replaced = co_await l->replace(id, "owner", "IGM1 marker", 30s);
+    BOOST_CHECK(replaced.has_value() && *replaced);
+    const auto released = co_await l->release(id, "IGM1 marker");
+    BOOST_CHECK(released.has_value() && *released);
+    const auto outside = co_await reply_of(c->command("SET", random_key(), "x"));
+    BOOST_CHECK(outside.is_error());
+    BOOST_CHECK(outside.str.starts_with("NOPERM"));
+  }(&connection, &lock));
+
+  auto wrong = as_user;
+  wrong.password = "not-the-secret";
+  RedisConnection refused{io.get_executor(), wrong};
+  run([](RedisConnection* c, RedisConnection* a, std::string u) -> asio::awaitable<void> {
+    const auto r = co_await c->command("PING");
+    BOOST_CHECK(!r.has_value() && r.error() == store_errc::protocol);
+    co_await reply_of(a->command("ACL", "DELUSER", u));
+  }(&refused, &admin, user));
 }
 
 // redisAsyncConnect would resolve a name on the io thread; names go through Asio first.

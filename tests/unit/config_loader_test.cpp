@@ -686,6 +686,19 @@ BOOST_AUTO_TEST_CASE(redis_and_cleanup_sections_are_read) {
   BOOST_TEST(c->storage.cleanup.batch == 100);
 }
 
+BOOST_AUTO_TEST_CASE(a_redis_acl_username_is_read_and_needs_a_password) {
+  const std::string text =
+      "listen: { port: 0 }\n"
+      "storage:\n"
+      "  postgres: { dsn: x }\n"
+      "  redis: { username: idemgate, password: pw }\n"
+      "upstreams: { app: { servers: [\"a:1\"] } }\n"
+      "routes: [ { name: r, match: { path: / }, upstream: app } ]\n";
+  BOOST_TEST(load(text)->storage.redis.username == "idemgate");
+  BOOST_TEST(error_of(replace(text, "username: idemgate, password: pw", "username: idemgate")) ==
+             "t.yaml:4: storage.redis.username: an ACL username needs redis.password as well");
+}
+
 BOOST_AUTO_TEST_CASE(spec_C21_store_statuses_use_the_status_set_syntax) {
   const auto& i = idem_of(with_idempotency("      store_statuses: \"200-299, 404\"\n"));
   BOOST_TEST(i.store_statuses.contains(200));
