@@ -30,7 +30,8 @@ bool is_replay_marker(std::string_view value) noexcept;
 std::string encode_replay_marker(const ReplayMarker& marker);
 
 /// Decodes a value written by encode_replay_marker. std::nullopt: not a marker, or a marker that
-/// is truncated or malformed (a status outside 100–599 included) (the caller then treats it as carrying no response, or ignores it).
+/// is truncated, malformed or not in its one encoding (a status outside 100–599 included); the
+/// caller then treats it as carrying no response.
 std::optional<ReplayMarker> decode_replay_marker(std::string_view value);
 
 /// Bytes of `response` counted against `replay_cache_max_bytes`: header names and values plus
