@@ -70,10 +70,8 @@ bool same_record(const StoredRecord& stored, const StoredRecord& mine) {
 std::optional<std::string> marker_for(const RoutePolicy& policy, const Sha256& fingerprint,
                                       const StoredResponse& response) {
   if (policy.replay_cache_ttl <= std::chrono::milliseconds::zero()) return std::nullopt;
-  ReplayMarker marker;
-  marker.fingerprint = fingerprint;
-  if (replay_size(response) <= policy.replay_cache_max_bytes) marker.response = response;
-  return encode_replay_marker(marker);
+  const bool fits = replay_size(response) <= policy.replay_cache_max_bytes;
+  return encode_replay_marker(fingerprint, fits ? &response : nullptr);
 }
 
 /// When a marker for a record expiring at `expires_at` must be gone: replay_cache_ttl from now,

@@ -66,26 +66,27 @@ std::size_t replay_size(const StoredResponse& response) noexcept {
 }
 
 std::string encode_replay_marker(const ReplayMarker& marker) {
+  return encode_replay_marker(marker.fingerprint, marker.response ? &*marker.response : nullptr);
+}
+
+std::string encode_replay_marker(const Sha256& fingerprint, const StoredResponse* response) {
   std::string out;
-  out.reserve(kMagic.size() + marker.fingerprint.size() + 1 +
-              (marker.response
-                   ? 10 + 8 * marker.response->headers.size() + replay_size(*marker.response)
-                   : 0));
+  out.reserve(kMagic.size() + fingerprint.size() + 1 +
+              (response ? 10 + 8 * response->headers.size() + replay_size(*response) : 0));
   out.append(kMagic);
-  out.append(reinterpret_cast<const char*>(marker.fingerprint.data()), marker.fingerprint.size());
+  out.append(reinterpret_cast<const char*>(fingerprint.data()), fingerprint.size());
   std::uint8_t flags = 0;
-  if (marker.response) flags |= kHasResponse;
-  if (marker.response && marker.response->body_omitted) flags |= kBodyOmitted;
+  if (response) flags |= kHasResponse;
+  if (response && response->body_omitted) flags |= kBodyOmitted;
   out.push_back(static_cast<char>(flags));
-  if (!marker.response) return out;
-  const StoredResponse& r = *marker.response;
-  put_u16(out, r.status);
-  put_u32(out, static_cast<std::uint32_t>(r.headers.size()));
-  for (const auto& [name, value] : r.headers) {
+  if (!response) return out;
+  put_u16(out, response->status);
+  put_u32(out, static_cast<std::uint32_t>(response->headers.size()));
+  for (const auto& [name, value] : response->headers) {
     put_bytes(out, name);
     put_bytes(out, value);
   }
-  put_bytes(out, r.body);
+  put_bytes(out, response->body);
   return out;
 }
 

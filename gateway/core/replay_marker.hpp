@@ -28,6 +28,8 @@ bool is_replay_marker(std::string_view value) noexcept;
 /// the response is carried) status u16, header count u32, each name and value as u32 length +
 /// bytes, body as u32 length + bytes; integers big-endian.
 std::string encode_replay_marker(const ReplayMarker& marker);
+/// The same encoding from its parts, without copying the response; `response` may be null.
+std::string encode_replay_marker(const Sha256& fingerprint, const StoredResponse* response);
 
 /// Decodes a value written by encode_replay_marker. std::nullopt: not a marker, or a marker that
 /// is truncated, malformed or not in its one encoding (a status outside 100–599 included); the

@@ -1053,12 +1053,9 @@ BOOST_AUTO_TEST_CASE(spec_C23_redis_restarted_between_retries_still_replays_from
 
   // The local Redis keeps nothing on disk: a restart loses every marker.
   bool down = false;
-  struct Restart {
-    bool& down;
-    ~Restart() {
-      if (down) stores().start_redis();
-    }
-  } restart{down};
+  DropOnExit restart{[&] {
+    if (down) stores().start_redis();
+  }};
   stores().stop_redis();
   down = true;
   stores().start_redis();

@@ -159,6 +159,15 @@ boost::asio::awaitable<void> lock_is_free_again_after_its_ttl(Fixture* f) {
   co_await expect(lock.release(id, "owner-b"), true, "b releases");
 }
 
+/// Acquires `id` for `token`, which must fail, and returns the value that holds the key.
+inline boost::asio::awaitable<std::string> holder_of(core::LockService& lock, core::Sha256 id,
+                                                     std::string token) {
+  const auto r = co_await lock.acquire(id, std::move(token), kLongTtl);
+  BOOST_REQUIRE_MESSAGE(r.has_value(), "acquire failed: " << r.error().message());
+  BOOST_CHECK(!r->acquired);
+  co_return r->holder;
+}
+
 template <class Fixture>
 boost::asio::awaitable<void> acquire_returns_what_holds_the_key(Fixture* f) {
   auto& lock = f->lock();
@@ -167,10 +176,8 @@ boost::asio::awaitable<void> acquire_returns_what_holds_the_key(Fixture* f) {
   BOOST_REQUIRE_MESSAGE(first.has_value(), "acquire failed: " << first.error().message());
   BOOST_CHECK(first->acquired);
   BOOST_CHECK(first->holder.empty());
-  const auto second = co_await lock.acquire(id, "owner-b", kLongTtl);
-  BOOST_REQUIRE(second.has_value());
-  BOOST_CHECK(!second->acquired);
-  BOOST_CHECK_EQUAL(second->holder, "owner-a");
+  const std::string holder = co_await holder_of(lock, id, "owner-b");
+  BOOST_CHECK_EQUAL(holder, "owner-a");
 }
 
 template <class Fixture>
@@ -183,10 +190,8 @@ boost::asio::awaitable<void> owner_replaces_its_lock_by_a_value_with_its_own_ttl
   co_await expect(lock.replace(id, "owner-b", marker, kShortTtl), false, "b replaces a's lock");
   co_await expect(lock.replace(id, "owner-a", marker, kShortTtl), true, "a replaces its lock");
   co_await expect(lock.release(id, "owner-a"), false, "a releases after replacing");
-  const auto held = co_await lock.acquire(id, "owner-c", kLongTtl);
-  BOOST_REQUIRE(held.has_value());
-  BOOST_CHECK(!held->acquired);
-  BOOST_CHECK(held->holder == marker);
+  const std::string held = co_await holder_of(lock, id, "owner-c");
+  BOOST_CHECK(held == marker);
   co_await f->let_time_pass(3 * kShortTtl);  // the value lives its own ttl, not the lock's
   co_await expect(lock.try_acquire(id, "owner-c", kLongTtl), true, "c acquires after its ttl");
   co_await expect(lock.replace(id, "owner-a", marker, kLongTtl), false,
