@@ -43,19 +43,42 @@ struct Limits {
   Duration tunnel_idle_timeout = std::chrono::minutes(5);
 };
 
+/// One `host:port`: an upstream server, a Redis sentinel or a Redis Cluster seed node.
+struct Server {
+  std::string host;
+  std::uint16_t port = 0;
+};
+
 struct Postgres {
   std::string dsn;
   int pool_size = 8;  ///< connections per gateway process, spread over the io threads
   Duration operation_timeout = std::chrono::seconds(2);
 };
 
+/// `storage.redis` — one of three shapes (SPEC C41, C42): a single server (`address`/`port`),
+/// a primary found through sentinels (`sentinels` + `master_name`), or a Redis Cluster
+/// (`cluster` seed nodes). The loader accepts exactly one shape.
 struct Redis {
-  std::string address = "127.0.0.1";
-  std::uint16_t port = 6379;
-  int db = 0;
-  std::string password;  ///< empty: no AUTH
+  enum class Mode { standalone, sentinel, cluster };
+
+  Mode mode = Mode::standalone;
+  std::string address = "127.0.0.1";  ///< standalone only
+  std::uint16_t port = 6379;           ///< standalone only
+  int db = 0;                          ///< standalone and sentinel (a cluster has only db 0)
+  std::string password;                ///< empty: no AUTH
   /// Redis 6 ACL user for `AUTH username password`; empty: `AUTH password` (the default user).
   std::string username;
+  /// Sentinel mode: the sentinels asked in turn for the primary of `master_name`.
+  std::vector<Server> sentinels;
+  std::string master_name;
+  /// AUTH towards the sentinels (their own `requirepass` / ACL user); empty: none.
+  std::string sentinel_password;
+  std::string sentinel_username;
+  /// Cluster mode: nodes asked for the slot map (`CLUSTER SLOTS`); any subset of the cluster.
+  std::vector<Server> cluster;
+  /// A new lock counts as taken only once `WAIT wait_replicas` saw that many replicas
+  /// acknowledge it (SPEC C41); 0: no WAIT.
+  int wait_replicas = 0;
   Duration operation_timeout = std::chrono::milliseconds(500);
 };
 
@@ -68,12 +91,6 @@ struct Storage {
   Postgres postgres;
   Redis redis;
   Cleanup cleanup;
-};
-
-/// One `host:port` of an upstream.
-struct Server {
-  std::string host;
-  std::uint16_t port = 0;
 };
 
 struct Upstream {

@@ -559,18 +559,62 @@ void Loader::storage(const Field& f) {
 
   if (auto r = m.get("redis")) {
     const Map redis(*this, *r,
-                    {"address", "port", "db", "password", "username", "operation_timeout"});
-    if (auto v = redis.get("address")) {
-      std::string a = non_empty(*v);
+                    {"address", "port", "db", "password", "username", "operation_timeout",
+                     "sentinels", "master_name", "sentinel_password", "sentinel_username",
+                     "cluster", "wait_replicas"});
+    // One shape only (SPEC C41, C42): a single server, sentinels, or a cluster.
+    const auto address = redis.get("address");
+    const auto port_field = redis.get("port");
+    const auto sentinels = redis.get("sentinels");
+    const auto cluster = redis.get("cluster");
+    if (sentinels && cluster) {
+      fail(*cluster, "redis.cluster and redis.sentinels are two different shapes of "
+                     "storage.redis: keep one of them");
+    }
+    if (sentinels || cluster) {
+      const char* shape = sentinels ? "redis.sentinels" : "redis.cluster";
+      if (address) {
+        fail(*address, std::string("redis.address names a single server and cannot be combined "
+                                   "with ") + shape + ": keep one of them");
+      }
+      if (port_field) {
+        fail(*port_field, std::string("redis.port belongs to redis.address and cannot be "
+                                      "combined with ") + shape + ": keep one of them");
+      }
+    }
+    if (address) {
+      std::string a = non_empty(*address);
       if (a.find(':') != std::string::npos ? !is_ipv6(a) : !is_hostname(a)) {
-        fail(*v, "expected a host name or IP address (the port goes in redis.port), " +
-                     describe(v->node));
+        fail(*address, "expected a host name or IP address (the port goes in redis.port), " +
+                           describe(address->node));
       }
       s.redis.address = std::move(a);
     }
-    if (auto v = redis.get("port")) s.redis.port = port(*v, false);
+    if (port_field) s.redis.port = port(*port_field, false);
+    if (sentinels) {
+      s.redis.mode = Redis::Mode::sentinel;
+      const auto items = sequence(*sentinels);
+      if (items.empty()) fail(*sentinels, "at least one sentinel \"host:port\" is required");
+      for (const Field& item : items) s.redis.sentinels.push_back(server(item));
+      s.redis.master_name = non_empty(redis.require("master_name"));
+    } else {
+      for (const char* key : {"master_name", "sentinel_password", "sentinel_username"}) {
+        if (auto v = redis.get(key)) {
+          fail(*v, std::string("redis.") + key + " needs redis.sentinels (the Sentinel shape)");
+        }
+      }
+    }
+    if (cluster) {
+      s.redis.mode = Redis::Mode::cluster;
+      const auto items = sequence(*cluster);
+      if (items.empty()) fail(*cluster, "at least one cluster node \"host:port\" is required");
+      for (const Field& item : items) s.redis.cluster.push_back(server(item));
+    }
     if (auto v = redis.get("db")) {
       s.redis.db = static_cast<int>(integer(*v, 0, std::numeric_limits<int>::max()));
+      if (cluster && s.redis.db != 0) {
+        fail(*v, "a Redis Cluster has only db 0: remove redis.db or set it to 0");
+      }
     }
     if (auto v = redis.get("password")) s.redis.password = scalar(*v);
     if (auto v = redis.get("username")) {
@@ -579,6 +623,16 @@ void Loader::storage(const Field& f) {
       if (!s.redis.username.empty() && s.redis.password.empty()) {
         fail(*v, "an ACL username needs redis.password as well");
       }
+    }
+    if (auto v = redis.get("sentinel_password")) s.redis.sentinel_password = scalar(*v);
+    if (auto v = redis.get("sentinel_username")) {
+      s.redis.sentinel_username = scalar(*v);
+      if (!s.redis.sentinel_username.empty() && s.redis.sentinel_password.empty()) {
+        fail(*v, "an ACL sentinel_username needs redis.sentinel_password as well");
+      }
+    }
+    if (auto v = redis.get("wait_replicas")) {
+      s.redis.wait_replicas = static_cast<int>(integer(*v, 0, 16));
     }
     if (auto v = redis.get("operation_timeout"))
       s.redis.operation_timeout = duration(*v, 10ms, 60s);

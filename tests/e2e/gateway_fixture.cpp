@@ -505,7 +505,6 @@ void TestUpstream::release() {
 // ---------------------------------------------------------------------------------------------
 
 std::string GatewayConfig::render() const {
-  const auto [redis_host, redis_port] = split_host_port(require_env("IDEMGATE_REDIS_ADDR"));
   std::ostringstream y;
   y << "listen: { address: " << kLoopback << ", port: 0 }\n"
     << "admin: { address: " << kLoopback << ", port: 0 }\n"
@@ -514,8 +513,14 @@ std::string GatewayConfig::render() const {
     << "storage:\n"
     << "  postgres: { dsn: " << yaml_quoted(require_env("IDEMGATE_PG_DSN"))
     << ", pool_size: 4, operation_timeout: " << postgres_operation_timeout << " }\n"
-    << "  redis: { address: " << redis_host << ", port: " << redis_port
-    << ", operation_timeout: " << redis_operation_timeout << " }\n";
+    << "  redis: { ";
+  if (redis.empty()) {
+    const auto [redis_host, redis_port] = split_host_port(require_env("IDEMGATE_REDIS_ADDR"));
+    y << "address: " << redis_host << ", port: " << redis_port;
+  } else {
+    y << redis;
+  }
+  y << ", operation_timeout: " << redis_operation_timeout << " }\n";
   if (!cleanup.empty()) y << "  cleanup: " << cleanup << "\n";
   y << "upstreams:\n";
   for (const auto& u : upstreams) {

@@ -257,6 +257,10 @@ struct GatewayConfig {
   /// `storage.postgres.operation_timeout` and `storage.redis.operation_timeout` (SPEC C25).
   std::string postgres_operation_timeout = "2s";
   std::string redis_operation_timeout = "500ms";
+  /// Entries of the `storage.redis` flow mapping other than operation_timeout (e.g.
+  /// `sentinels: ["127.0.0.1:26379"], master_name: m`); empty: address and port from
+  /// IDEMGATE_REDIS_ADDR.
+  std::string redis;
   /// The flow mapping of `storage.cleanup` (e.g. `{ interval: 1s, batch: 2 }`); empty: not
   /// written, the defaults apply (SPEC C24).
   std::string cleanup;

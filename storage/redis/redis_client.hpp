@@ -1,0 +1,89 @@
+#pragma once
+// Where a Redis command goes. `storage.redis` has three shapes (SPEC C41, C42): one server, the
+// primary that sentinels name, or the Redis Cluster node that owns the key's hash slot. The lock
+// talks to a RedisClient and never learns which one it has.
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/system/result.hpp>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "gateway/config/config.hpp"
+#include "storage/redis/redis_connection.hpp"
+
+namespace idemgate::storage::redis {
+
+/// Which primary a process uses, shared by every io thread's client, so that a switch to a
+/// different primary is counted and logged once per process (SPEC C46), however many threads
+/// notice it.
+///
+/// Thread safety: all members may be called from any thread.
+class PrimaryTracker {
+ public:
+  /// Called (under the tracker's lock, so keep it short) once per switch with the primary in use
+  /// before and after, both as `host:port`.
+  using OnSwitch = std::function<void(const std::string& from, const std::string& to)>;
+
+  explicit PrimaryTracker(OnSwitch on_switch = {}) : on_switch_(std::move(on_switch)) {}
+
+  /// Records that `primary` (`host:port`) now serves `scope` (empty for Sentinel; the slot range's
+  /// first slot in a cluster). The first primary of a scope is not a switch; a different one
+  /// afterwards is, and calls on_switch.
+  void use(const std::string& scope, const std::string& primary);
+
+  /// Number of switches seen so far.
+  std::uint64_t switches() const;
+
+ private:
+  mutable std::mutex mutex_;
+  OnSwitch on_switch_;
+  std::map<std::string, std::string> primaries_;
+  std::uint64_t switches_ = 0;
+};
+
+/// Runs commands on the right Redis server for one io thread (SPEC C25, C41, C42).
+///
+/// Errors are those of RedisConnection::execute: `store_errc::unavailable` (no primary reachable,
+/// connection lost, `TRYAGAIN`/`CLUSTERDOWN`/`READONLY`: the command may or may not have run),
+/// `timed_out`, `protocol`; a Redis error reply the client does not handle itself is returned as
+/// a Reply of kind `error`.
+///
+/// Thread safety: none; one per io thread, used from that thread only, destroyed before its
+/// io_context.
+class RedisClient {
+ public:
+  virtual ~RedisClient() = default;
+
+  /// Sends `argv`, a command that touches the single key `key` (a cluster routes on it; "" for
+  /// a command with no key, which goes to any primary), and waits for its reply.
+  virtual boost::asio::awaitable<boost::system::result<Reply>> execute(
+      std::string key, std::vector<std::string> argv) = 0;
+
+  /// Checks that every primary this client needs answers `PING` (the readiness probe, SPEC
+  /// C30): empty when they do, otherwise what failed, for `/readyz`.
+  virtual boost::asio::awaitable<std::string> probe() = 0;
+
+  /// Connections opened so far to data servers (primaries), for tests and metrics.
+  virtual std::uint64_t connect_count() const = 0;
+};
+
+/// The client for `options.mode`: a single connection, a Sentinel-following connection or a
+/// cluster router. `tracker` (shared by the process's clients; may be null) sees each primary in
+/// use (SPEC C46).
+std::unique_ptr<RedisClient> make_redis_client(boost::asio::any_io_executor executor,
+                                               const config::Redis& options,
+                                               std::shared_ptr<PrimaryTracker> tracker);
+
+/// `host:port`, with brackets around an IPv6 host.
+std::string endpoint_text(const std::string& host, std::uint16_t port);
+
+/// True for a Redis error reply that means "this server is not the primary (any more)":
+/// `READONLY …` (also inside a script's error), `MASTERDOWN …`.
+bool is_not_primary_error(const Reply& reply);
+
+}  // namespace idemgate::storage::redis

@@ -1,0 +1,45 @@
+#pragma once
+// Redis Cluster routing (SPEC C42): hash slots, the slot map and a RedisClient that sends each
+// command to the primary owning its key's slot. hiredis 0.14 has no cluster support; this is the
+// small part of a cluster client the lock needs: one key per command, no multi-key operations.
+
+#include <boost/asio/any_io_executor.hpp>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gateway/config/config.hpp"
+#include "storage/redis/redis_client.hpp"
+
+namespace idemgate::storage::redis {
+
+/// The cluster's number of hash slots.
+inline constexpr std::uint16_t kClusterSlots = 16384;
+
+/// The hash slot of `key`: CRC16 (XMODEM) of the key, or of its hash tag (the bytes between the
+/// first `{` and the next `}` when that is not empty), modulo 16384 (Redis Cluster
+/// specification, "Keys distribution model").
+std::uint16_t key_slot(std::string_view key) noexcept;
+
+/// One range of slots and the primary serving it.
+struct SlotRange {
+  std::uint16_t first = 0;
+  std::uint16_t last = 0;  ///< inclusive
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+/// Parses a `CLUSTER SLOTS` reply into ranges (replicas are ignored). An empty host (a node that
+/// does not know its own address) becomes `asked_host`. nullopt when the reply has another shape.
+std::optional<std::vector<SlotRange>> parse_cluster_slots(const Reply& reply,
+                                                          const std::string& asked_host);
+
+/// The cluster RedisClient of make_redis_client (`options.mode == cluster`).
+std::unique_ptr<RedisClient> make_cluster_client(boost::asio::any_io_executor executor,
+                                                 const config::Redis& options,
+                                                 std::shared_ptr<PrimaryTracker> tracker);
+
+}  // namespace idemgate::storage::redis
