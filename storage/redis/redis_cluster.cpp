@@ -105,6 +105,8 @@ bool is_cluster_unavailable(const Reply& reply) {
 /// The routing table: which primary serves each slot. Pure data, no I/O.
 class SlotMap {
  public:
+  SlotMap() { owner_.fill(kNone); }
+
   bool empty() const noexcept { return ranges_.empty(); }
   const std::vector<SlotRange>& ranges() const noexcept { return ranges_; }
 
@@ -139,11 +141,40 @@ class SlotMap {
   std::array<std::uint16_t, kClusterSlots> owner_{};
 };
 
+/// Whether a slot map reload is running; callers that need one meanwhile wait on `gate`, which
+/// the reload cancels when it ends. Shared with the reloading coroutine's frame, which may be
+/// destroyed after the client (an io_context shut down with the reload suspended).
+struct Reload {
+  explicit Reload(const asio::any_io_executor& executor) : gate(executor) {}
+  bool running = false;
+  asio::steady_timer gate;
+};
+
+class ReloadGuard {
+ public:
+  explicit ReloadGuard(std::shared_ptr<Reload> reload) : reload_(std::move(reload)) {
+    reload_->running = true;
+    reload_->gate.expires_at(asio::steady_timer::time_point::max());
+  }
+  ~ReloadGuard() {
+    reload_->running = false;
+    reload_->gate.cancel();
+  }
+  ReloadGuard(const ReloadGuard&) = delete;
+  ReloadGuard& operator=(const ReloadGuard&) = delete;
+
+ private:
+  std::shared_ptr<Reload> reload_;
+};
+
 class ClusterClient final : public RedisClient {
  public:
   ClusterClient(asio::any_io_executor executor, const config::Redis& options,
                 std::shared_ptr<PrimaryTracker> tracker)
-      : executor_(executor), options_(options), tracker_(std::move(tracker)), gate_(executor) {
+      : executor_(executor),
+        options_(options),
+        tracker_(std::move(tracker)),
+        reload_(std::make_shared<Reload>(executor)) {
     options_.db = 0;
     for (const auto& seed : options_.cluster) seeds_.push_back({seed.host, seed.port});
   }
@@ -211,27 +242,31 @@ class ClusterClient final : public RedisClient {
   /// Reloads the slot map unless it was reloaded since generation `seen`; one reload at a time,
   /// concurrent callers wait for the running one. On failure the old map stays (stale).
   asio::awaitable<void> refresh(std::uint64_t seen) {
-    while (refreshing_) {
-      co_await gate_.async_wait(use_nothrow);  // cancelled when the reload ends
-      if (!refreshing_) co_return;
+    while (reload_->running) {
+      auto reload = reload_;
+      co_await reload->gate.async_wait(use_nothrow);  // cancelled when the reload ends
+      if (!reload->running) co_return;
     }
     if (generation_ != seen && !stale_) co_return;
-    refreshing_ = true;
-    gate_.expires_at(asio::steady_timer::time_point::max());
+    // Ends the reload however this coroutine ends: a caller cancelled mid-reload (the next
+    // co_await throws) must not leave the others waiting forever.
+    const ReloadGuard guard(reload_);
 
-    // The seeds first, then the primaries known so far (the seeds may all be gone).
-    std::vector<Endpoint> asked = seeds_;
+    // The node that answered last time first (a frozen seed then costs one timeout, not one
+    // per reload), then the seeds, then the primaries known so far (the seeds may all be gone).
+    std::vector<Endpoint> asked;
+    if (last_answered_) asked.push_back(*last_answered_);
+    asked.insert(asked.end(), seeds_.begin(), seeds_.end());
     for (const auto& primary : map_.primaries()) asked.push_back(primary);
     for (const auto& node : asked) {
       auto r = co_await connection(node)->command("CLUSTER", "SLOTS");
       if (!r || r->is_error()) continue;
       auto ranges = parse_cluster_slots(*r, node.host);
       if (!ranges || ranges->empty()) continue;
+      last_answered_ = node;
       install(std::move(*ranges));
       break;
     }
-    refreshing_ = false;
-    gate_.cancel();
   }
 
   void install(std::vector<SlotRange> ranges) {
@@ -271,11 +306,11 @@ class ClusterClient final : public RedisClient {
   config::Redis options_;
   std::shared_ptr<PrimaryTracker> tracker_;
   std::vector<Endpoint> seeds_;
+  std::optional<Endpoint> last_answered_;
   SlotMap map_;
   bool stale_ = false;
-  bool refreshing_ = false;
   std::uint64_t generation_ = 0;  // counts installed maps
-  asio::steady_timer gate_;       // waited on by callers while a reload runs
+  std::shared_ptr<Reload> reload_;
   std::map<std::string, std::shared_ptr<RedisConnection>> nodes_;  // by `host:port`
   std::uint64_t dropped_connects_ = 0;
 };

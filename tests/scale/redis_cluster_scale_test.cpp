@@ -2,7 +2,10 @@
 #include <openssl/evp.h>
 #include <signal.h>
 
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <cstdio>
@@ -236,6 +239,31 @@ BOOST_AUTO_TEST_CASE(spec_C42_a_frozen_node_times_out_within_the_operation_timeo
   BOOST_TEST((r.error() == store_errc::timed_out), r.error().message());
   BOOST_TEST(exec(on_0, {"GET", on_0}).is_nil());
   BOOST_TEST(exec(on_1, {"GET", on_1}).str == "x");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C42_a_caller_cancelled_during_the_map_reload_leaves_none_waiting) {
+  using namespace asio::experimental::awaitable_operators;
+  const auto key = tag_in(cluster, 1) + ":k";
+  cluster.signal(0, SIGSTOP);  // the first seed: the reload waits on it
+  std::vector<asio::awaitable<void>> bodies;
+  bodies.push_back([](RedisClient* c, std::string k) -> asio::awaitable<void> {
+    std::vector<std::string> argv{"GET", k};
+    asio::steady_timer timer(co_await asio::this_coro::executor, 100ms);
+    const auto first =
+        co_await (c->execute(k, std::move(argv)) || timer.async_wait(idemgate::test::use_nothrow));
+    BOOST_TEST(first.index() == 1u, "the timer wins: the caller is cancelled mid-reload");
+  }(client.get(), key));
+  bodies.push_back([](RedisClient* c, std::string k) -> asio::awaitable<void> {
+    co_await idemgate::test::sleep_for(co_await asio::this_coro::executor, 20ms);
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<std::string> argv{"GET", k};
+    const auto r = co_await c->execute(k, std::move(argv));
+    BOOST_TEST((std::chrono::steady_clock::now() - start < 1500ms), "the waiter is not stuck");
+    if (r) BOOST_TEST(r->is_nil());
+  }(client.get(), key));
+  idemgate::test::run_all(io, std::move(bodies));
+  cluster.signal(0, SIGCONT);
+  BOOST_TEST(exec(key, {"SET", key, "v"}).is_status("OK"));
 }
 
 BOOST_AUTO_TEST_CASE(spec_C42_lock_scripts_with_evalsha_fallback_run_on_every_node) {
