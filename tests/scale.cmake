@@ -12,3 +12,11 @@ idemgate_test(redis_auth_scale_e2e_test scale
   SOURCES scale/redis_auth_scale_e2e_test.cpp fault/local_stores.cpp
   LIBS idemgate_e2e_fixture PkgConfig::HIREDIS)
 add_dependencies(redis_auth_scale_e2e_test idemgate payment-service)
+
+# The gateway over a real cluster: the idemgate and payment-service binaries, a private Postgres
+# (scripts/local-stores) and a cluster this binary starts and reshards under load.
+idemgate_test(redis_cluster_scale_e2e_test scale
+  SOURCES scale/redis_cluster_scale_e2e_test.cpp fault/local_stores.cpp
+  LIBS idemgate_e2e_fixture idemgate_test_redis_cluster idemgate_core)
+# The test starts both binaries; build them with it.
+add_dependencies(redis_cluster_scale_e2e_test idemgate payment-service)
