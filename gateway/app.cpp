@@ -22,7 +22,7 @@
 #include "storage/pg/migrations.hpp"
 #include "storage/pg/pg_pool.hpp"
 #include "storage/pg/pg_record_store.hpp"
-#include "storage/redis/redis_connection.hpp"
+#include "storage/redis/redis_client.hpp"
 #include "storage/redis/redis_lock.hpp"
 
 namespace idemgate {
@@ -66,12 +66,15 @@ core::FilterEvents filter_events(Metrics& metrics) {
 /// Created and destroyed on that thread.
 class ThreadHandler final : public http::RequestHandler {
  public:
-  ThreadHandler(asio::io_context& io, const config::Config& config, Metrics& metrics)
+  ThreadHandler(asio::io_context& io, const config::Config& config, Metrics& metrics,
+                std::shared_ptr<storage::redis::PrimaryTracker> redis_primary)
       : pool_(io.get_executor(), pool_options(config)),
         store_(pool_, io.get_executor(), storage::pg::PgRecordStore::with_group_commit()),
         timed_store_(store_, metrics),
-        redis_(io.get_executor(), config.storage.redis),
-        lock_(redis_),
+        redis_(storage::redis::make_redis_client(io.get_executor(), config.storage.redis,
+                                                 std::move(redis_primary))),
+        lock_(*redis_,
+              {config.storage.redis.wait_replicas, config.storage.redis.operation_timeout}),
         timed_lock_(lock_, metrics),
         upstreams_(io.get_executor()),
         handler_(upstreams_, timed_store_, timed_lock_, filter_events(metrics)) {}
@@ -105,7 +108,7 @@ class ThreadHandler final : public http::RequestHandler {
   storage::pg::PgPool pool_;
   storage::pg::PgRecordStore store_;
   TimedRecordStore timed_store_;
-  storage::redis::RedisConnection redis_;
+  std::unique_ptr<storage::redis::RedisClient> redis_;
   storage::redis::RedisLock lock_;
   TimedLockService timed_lock_;
   http::UpstreamPool upstreams_;
@@ -168,6 +171,14 @@ int run_gateway(const std::string& config_path, bool migrate) {
     if (upstream_time.count() > 0) metrics.observe_upstream(route, upstream_time);
   };
 
+  // One per process: a Redis primary switch is counted and logged once, not once per thread.
+  auto redis_primary = std::make_shared<storage::redis::PrimaryTracker>(
+      [&metrics](const std::string& from, const std::string& to) {
+        metrics.count_store_failover("redis");
+        log_json(spdlog::level::warn, "store failover",
+                 {{"store", "redis"}, {"from", from}, {"to", to}});
+      });
+
   std::unique_ptr<http::Server> server;
   std::unique_ptr<admin::AdminServer> admin_server;
   try {
@@ -175,12 +186,12 @@ int run_gateway(const std::string& config_path, bool migrate) {
     // upstreams and limits for new requests (SPEC §1), not the store connections.
     server = std::make_unique<http::Server>(
         config,
-        [config, &metrics](asio::io_context& io, unsigned) {
-          return std::make_unique<ThreadHandler>(io, *config, metrics);
+        [config, &metrics, redis_primary](asio::io_context& io, unsigned) {
+          return std::make_unique<ThreadHandler>(io, *config, metrics, redis_primary);
         },
         observers);
-    admin_server =
-        std::make_unique<admin::AdminServer>(*config, [&metrics] { return metrics.render(); });
+    admin_server = std::make_unique<admin::AdminServer>(
+        *config, [&metrics] { return metrics.render(); }, redis_primary);
   } catch (const std::exception& e) {
     log_json(spdlog::level::err, "cannot listen", {{"error", e.what()}});
     return kExitRuntime;

@@ -102,6 +102,11 @@ Metrics::Metrics()
                          .Name("idemgate_task_failures_total")
                          .Help("Background tasks (lock renewal) that ended with an exception")
                          .Register(*registry_)),
+      store_failovers_(prometheus::BuildCounter()
+                           .Name("idemgate_store_failovers_total")
+                           .Help("Switches to a different store primary than the one in use "
+                                 "(C46), by store")
+                           .Register(*registry_)),
       cleanup_deleted_(prometheus::BuildCounter()
                            .Name("idemgate_cleanup_deleted_total")
                            .Help("Expired records deleted by the cleaner (C24)")
@@ -122,7 +127,11 @@ Metrics::Metrics()
                         .Help("Upgrade tunnels (WebSocket) open now (C40)")
                         .Register(*registry_)
                         .Add({})),
-      id_(next_metrics_id++) {}
+      id_(next_metrics_id++) {
+  // Both series from the start, so "no failover yet" reads 0 rather than absent.
+  store_failovers_.Add({{"store", "redis"}});
+  store_failovers_.Add({{"store", "postgres"}});
+}
 
 void Metrics::count_request(std::string_view route, std::string_view outcome) {
   auto* counter = find_or_make(
@@ -159,6 +168,10 @@ void Metrics::count_duplicate_execution() {
 
 void Metrics::count_store_error(std::string_view op) {
   store_errors_.Add({{"op", std::string(op)}}).Increment();
+}
+
+void Metrics::count_store_failover(std::string_view store) {
+  store_failovers_.Add({{"store", std::string(store)}}).Increment();
 }
 
 void Metrics::count_task_failure(std::string_view task) {

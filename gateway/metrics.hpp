@@ -34,6 +34,8 @@ namespace idemgate {
 ///   `postgres` (op find, insert) or `redis` (op try_acquire, renew, release, replace).
 /// - counters `idemgate_lock_contention_total`, `idemgate_duplicate_executions_total` (C36),
 ///   `idemgate_record_commit_failures_total` (C26), `idemgate_cleanup_deleted_total` (C24).
+/// - counter `idemgate_store_failovers_total{store}` (C46): switches to a different Redis
+///   primary (`redis`) or Postgres host (`postgres`); both series exist from the start at 0.
 /// - gauge `idemgate_open_tunnels` (upgrade tunnels open now, C40).
 /// - gauges `idemgate_open_connections` (client connections) and `idemgate_in_flight_locks`
 ///   (in-flight locks held by this process, including ones kept on purpose until their lock_ttl).
@@ -58,6 +60,9 @@ class Metrics {
   /// idemgate_store_errors_total{op}: one failed store operation (`op` as FilterEvents reports
   /// it: "record lookup", "lock acquire", "record commit", "lock renew", ...).
   void count_store_error(std::string_view op);
+  /// idemgate_store_failovers_total{store}: this process switched to another primary of `store`
+  /// ("redis" or "postgres", SPEC C46).
+  void count_store_failover(std::string_view store);
   /// idemgate_task_failures_total{task}: a background task that ended with an exception.
   void count_task_failure(std::string_view task);
   void connection_opened();
@@ -84,6 +89,7 @@ class Metrics {
   prometheus::Counter& commit_failures_;
   prometheus::Family<prometheus::Counter>& store_errors_;
   prometheus::Family<prometheus::Counter>& task_failures_;
+  prometheus::Family<prometheus::Counter>& store_failovers_;
   prometheus::Counter& cleanup_deleted_;
   prometheus::Gauge& open_connections_;
   prometheus::Gauge& in_flight_locks_;

@@ -1,5 +1,13 @@
-# Scale-out on the stores' own machinery (SPEC §6, label `scale`): the real gateway and payment
-# service against a Redis Sentinel deployment that the test binary starts on loopback and fails
+# Scale-out on the stores' own machinery (SPEC §6, label `scale`): tests against several real
+# store processes started by the test itself (a Redis Cluster, a Redis Sentinel deployment),
+# loopback only.
+add_library(idemgate_test_redis_cluster STATIC scale/redis_cluster.cpp)
+target_link_libraries(idemgate_test_redis_cluster PUBLIC idemgate_test_support idemgate_redis)
+
+idemgate_test(redis_cluster_scale_test scale SOURCES scale/redis_cluster_scale_test.cpp
+  LIBS idemgate_test_redis_cluster idemgate_redis idemgate_test_redis_client)
+
+# The real gateway and payment service against a Sentinel deployment the test binary fails
 # over, plus a private Postgres (scripts/local-stores), so the suite needs no store variables.
 idemgate_test(redis_sentinel_scale_e2e_test scale
   SOURCES scale/redis_sentinel_scale_e2e_test.cpp scale/redis_sentinel.cpp fault/local_stores.cpp

@@ -19,7 +19,7 @@
 #include "gateway/http/json_log.hpp"
 #include "gateway/http/use_nothrow.hpp"
 #include "storage/pg/pg_pool.hpp"
-#include "storage/redis/redis_connection.hpp"
+#include "storage/redis/redis_client.hpp"
 
 namespace idemgate::admin {
 
@@ -39,7 +39,7 @@ constexpr std::uint64_t kMaxRequestBody = 64 * 1024;
 
 struct Stores {
   storage::pg::PgPool* pg;
-  storage::redis::RedisConnection* redis;
+  storage::redis::RedisClient* redis;
   const std::atomic<bool>* draining;  ///< set when a drain began (C45)
 };
 
@@ -51,11 +51,8 @@ asio::awaitable<std::string> probe_postgres(storage::pg::PgPool* pg) {
   co_return "";
 }
 
-asio::awaitable<std::string> probe_redis(storage::redis::RedisConnection* redis) {
-  auto reply = co_await redis->command("PING");
-  if (!reply) co_return reply.error().message();
-  if (!reply->is_status("PONG")) co_return "unexpected answer to PING: " + reply->str;
-  co_return "";
+asio::awaitable<std::string> probe_redis(storage::redis::RedisClient* redis) {
+  co_return co_await redis->probe();
 }
 
 bhttp::response<bhttp::string_body> json_response(bhttp::status status, const json::object& body,
@@ -170,15 +167,16 @@ asio::awaitable<void> accept_loop(tcp::acceptor* acceptor, Stores stores,
 
 }  // namespace
 
-AdminServer::AdminServer(const config::Config& config, MetricsText metrics_text)
+AdminServer::AdminServer(const config::Config& config, MetricsText metrics_text,
+                         std::shared_ptr<storage::redis::PrimaryTracker> redis_primary)
     : acceptor_(io_), metrics_text_(std::move(metrics_text)), address_(config.admin.address) {
   storage::pg::PgPool::Options pg_options;
   pg_options.dsn = config.storage.postgres.dsn;
   pg_options.max_connections = 1;
   pg_options.operation_timeout = config.storage.postgres.operation_timeout;
   pg_ = std::make_unique<storage::pg::PgPool>(io_.get_executor(), pg_options);
-  redis_ =
-      std::make_unique<storage::redis::RedisConnection>(io_.get_executor(), config.storage.redis);
+  redis_ = storage::redis::make_redis_client(io_.get_executor(), config.storage.redis,
+                                             std::move(redis_primary));
 
   const tcp::endpoint endpoint(asio::ip::make_address(config.admin.address), config.admin.port);
   acceptor_.open(endpoint.protocol());

@@ -18,20 +18,22 @@ namespace idemgate::storage::pg {
 class PgPool;
 }
 namespace idemgate::storage::redis {
-class RedisConnection;
-}
+class RedisClient;
+class PrimaryTracker;
+}  // namespace idemgate::storage::redis
 
 namespace idemgate::admin {
 
 /// Answers, over HTTP/1.1 with keep-alive:
 /// - `GET /healthz` → 200 `{"status":"ok"}` while the process runs (C30).
-/// - `GET /readyz` → 200 `{"status":"ready",…}` when Postgres answers `SELECT 1` and Redis
-///   answers `PING`, each within its configured `operation_timeout`; otherwise 503
+/// - `GET /readyz` → 200 `{"status":"ready",…}` when Postgres answers `SELECT 1` and every Redis
+///   primary in use answers `PING` (under Sentinel: a primary was found and is one; in a
+///   cluster: every slot owner), each within its configured `operation_timeout`; otherwise 503
 ///   `{"status":"unavailable","failing":["postgres"|"redis",…],"postgres":"…","redis":"…"}`
 ///   with the error of each failing store (C30); 503 `{"status":"draining"}` without probing
 ///   once begin_drain() was called (C45: a balancer stops sending new connections while the
 ///   requests in flight finish). The probes use a dedicated PgPool of one
-///   connection and a dedicated RedisConnection, run concurrently on the admin thread, and
+///   connection and a dedicated RedisClient, run concurrently on the admin thread, and
 ///   reconnect by themselves when a store returns.
 /// - `GET /metrics` → 200 Prometheus text (version 0.0.4) from `metrics_text` (C31).
 /// - other paths → 404, other methods → 405 (HEAD is answered like GET without a body).
@@ -45,8 +47,10 @@ class AdminServer {
 
   /// Binds `config.admin` (port 0: the OS chooses). Throws boost::system::system_error when
   /// binding fails. Store settings are taken from `config.storage` (a reload does not change
-  /// them, nor the admin address).
-  AdminServer(const config::Config& config, MetricsText metrics_text);
+  /// them, nor the admin address). `redis_primary` (may be null) is the process's tracker of
+  /// the Redis primary in use (SPEC C46).
+  AdminServer(const config::Config& config, MetricsText metrics_text,
+              std::shared_ptr<storage::redis::PrimaryTracker> redis_primary = nullptr);
   ~AdminServer();
   AdminServer(const AdminServer&) = delete;
   AdminServer& operator=(const AdminServer&) = delete;
@@ -66,7 +70,7 @@ class AdminServer {
   boost::asio::io_context io_{1};
   boost::asio::ip::tcp::acceptor acceptor_;
   std::unique_ptr<storage::pg::PgPool> pg_;
-  std::unique_ptr<storage::redis::RedisConnection> redis_;
+  std::unique_ptr<storage::redis::RedisClient> redis_;
   MetricsText metrics_text_;
   std::atomic<bool> draining_{false};
   std::string address_;

@@ -7,6 +7,7 @@
 #include <boost/beast/http/fields.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <span>
@@ -16,6 +17,7 @@
 #include "gateway/core/idempotency_key.hpp"
 #include "gateway/core/replay_marker.hpp"
 #include "gateway/request_identity.hpp"
+#include "storage/redis/redis_client.hpp"
 #include "storage/redis/redis_lock.hpp"
 
 namespace idemgate::admin {
@@ -145,15 +147,18 @@ ResultPtr exec_with_id(PGconn* conn, const char* sql, const core::Sha256& id) {
   return ResultPtr(PQexecParams(conn, sql, 1, nullptr, values, lengths, formats, 0));
 }
 
-RedisPtr connect_redis(const config::Redis& options, std::ostream& err) {
+/// One blocking connection to `host:port`, authenticated (AUTH, SELECT) as `options` says.
+RedisPtr open_redis(const std::string& host, std::uint16_t port, const std::string& username,
+                    const std::string& password, int db, config::Duration operation_timeout,
+                    std::ostream& err) {
   const auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(
-      std::max(options.operation_timeout, config::Duration(std::chrono::seconds(2))));
+      std::max(operation_timeout, config::Duration(std::chrono::seconds(2))));
   timeval tv{static_cast<time_t>(timeout.count() / 1'000'000),
              static_cast<suseconds_t>(timeout.count() % 1'000'000)};
-  RedisPtr ctx(redisConnectWithTimeout(options.address.c_str(), options.port, tv));
+  RedisPtr ctx(redisConnectWithTimeout(host.c_str(), port, tv));
   if (!ctx || ctx->err) {
-    err << "idemgate keys: cannot connect to Redis: " << (ctx ? ctx->errstr : "out of memory")
-        << "\n";
+    err << "idemgate keys: cannot connect to Redis at " << storage::redis::endpoint_text(host, port)
+        << ": " << (ctx ? ctx->errstr : "out of memory") << "\n";
     return nullptr;
   }
   redisSetTimeout(ctx.get(), tv);
@@ -166,21 +171,94 @@ RedisPtr connect_redis(const config::Redis& options, std::ostream& err) {
     }
     return true;
   };
-  if (!options.password.empty()) {
+  if (!password.empty()) {
     ReplyPtr auth(static_cast<redisReply*>(
-        options.username.empty()
-            ? redisCommand(ctx.get(), "AUTH %b", options.password.data(), options.password.size())
-            : redisCommand(ctx.get(), "AUTH %b %b", options.username.data(),
-                           options.username.size(), options.password.data(),
-                           options.password.size())));
+        username.empty() ? redisCommand(ctx.get(), "AUTH %b", password.data(), password.size())
+                         : redisCommand(ctx.get(), "AUTH %b %b", username.data(), username.size(),
+                                        password.data(), password.size())));
     if (!check(std::move(auth), "AUTH")) return nullptr;
   }
-  if (options.db != 0 &&
-      !check(ReplyPtr(static_cast<redisReply*>(redisCommand(ctx.get(), "SELECT %d", options.db))),
+  if (db != 0 &&
+      !check(ReplyPtr(static_cast<redisReply*>(redisCommand(ctx.get(), "SELECT %d", db))),
              "SELECT")) {
     return nullptr;
   }
   return ctx;
+}
+
+/// The primary that holds `key`: the single server; under Sentinel the node the sentinels name,
+/// once it says it is the primary (SPEC C41); in a cluster the node owning the key's slot,
+/// found by following `MOVED` from a seed node (SPEC C42).
+RedisPtr connect_redis(const config::Redis& options, const std::string& key, std::ostream& err) {
+  using Mode = config::Redis::Mode;
+  if (options.mode == Mode::standalone) {
+    return open_redis(options.address, options.port, options.username, options.password, options.db,
+                      options.operation_timeout, err);
+  }
+  if (options.mode == Mode::sentinel) {
+    for (const auto& sentinel : options.sentinels) {
+      RedisPtr s = open_redis(sentinel.host, sentinel.port, options.sentinel_username,
+                              options.sentinel_password, 0, options.operation_timeout, err);
+      if (!s) continue;
+      ReplyPtr addr(static_cast<redisReply*>(
+          redisCommand(s.get(), "SENTINEL get-master-addr-by-name %b", options.master_name.data(),
+                       options.master_name.size())));
+      if (!addr || addr->type != REDIS_REPLY_ARRAY || addr->elements != 2) {
+        err << "idemgate keys: sentinel "
+            << storage::redis::endpoint_text(sentinel.host, sentinel.port)
+            << " does not name a primary for " << options.master_name << "\n";
+        continue;
+      }
+      const std::string host(addr->element[0]->str, addr->element[0]->len);
+      const int port = std::atoi(addr->element[1]->str);
+      if (port <= 0 || port > 65535) continue;
+      RedisPtr primary = open_redis(host, static_cast<std::uint16_t>(port), options.username,
+                                    options.password, options.db, options.operation_timeout, err);
+      if (!primary) continue;
+      ReplyPtr role(static_cast<redisReply*>(redisCommand(primary.get(), "ROLE")));
+      if (role && role->type == REDIS_REPLY_ARRAY && role->elements > 0 &&
+          std::string_view(role->element[0]->str, role->element[0]->len) == "master") {
+        return primary;
+      }
+      err << "idemgate keys: "
+          << storage::redis::endpoint_text(host, static_cast<std::uint16_t>(port))
+          << " is not the primary\n";
+    }
+    err << "idemgate keys: no sentinel named a reachable primary for " << options.master_name
+        << "\n";
+    return nullptr;
+  }
+  for (const auto& seed : options.cluster) {
+    std::string host = seed.host;
+    std::uint16_t port = seed.port;
+    for (int redirects = 0; redirects < 5; ++redirects) {
+      RedisPtr node = open_redis(host, port, options.username, options.password, 0,
+                                 options.operation_timeout, err);
+      if (!node) break;
+      ReplyPtr probe(
+          static_cast<redisReply*>(redisCommand(node.get(), "EXISTS %b", key.data(), key.size())));
+      if (!probe) break;
+      if (probe->type != REDIS_REPLY_ERROR) return node;
+      // "MOVED <slot> <host>:<port>": the slot lives on another primary.
+      const std::string text(probe->str, probe->len);
+      const auto space = text.rfind(' ');
+      const auto colon = text.rfind(':');
+      if (!text.starts_with("MOVED ") || space == std::string::npos || colon == std::string::npos ||
+          colon < space) {
+        err << "idemgate keys: Redis cluster node " << storage::redis::endpoint_text(host, port)
+            << ": " << text << "\n";
+        break;
+      }
+      const int moved_port = std::atoi(text.c_str() + colon + 1);
+      if (moved_port <= 0 || moved_port > 65535) break;
+      host = text.substr(space + 1, colon - space - 1);
+      if (!host.empty() && host.front() == '[') host = host.substr(1, host.size() - 2);
+      if (host.empty()) host = seed.host;
+      port = static_cast<std::uint16_t>(moved_port);
+    }
+  }
+  err << "idemgate keys: no Redis cluster node answered for the key\n";
+  return nullptr;
 }
 
 // The integer reply of `DEL key`, or nullopt on error.
@@ -248,7 +326,7 @@ int run_keys(const config::Config& config, const KeysRequest& request, std::ostr
 
   const PgPtr pg = connect_pg(config.storage.postgres.dsn, err);
   if (!pg) return kKeysNotFound;
-  const RedisPtr redis = connect_redis(config.storage.redis, err);
+  const RedisPtr redis = connect_redis(config.storage.redis, lock_key, err);
   if (!redis) return kKeysNotFound;
 
   if (request.action == KeysRequest::Action::show) {

@@ -72,6 +72,24 @@ class RedisClient {
   virtual std::uint64_t connect_count() const = 0;
 };
 
+/// The single-server client (`storage.redis.address`/`port`): every command on one
+/// RedisConnection, owned or borrowed (which must then outlive the client).
+class SingleServerClient final : public RedisClient {
+ public:
+  explicit SingleServerClient(RedisConnection& connection) : connection_(&connection) {}
+  explicit SingleServerClient(std::unique_ptr<RedisConnection> connection)
+      : owned_(std::move(connection)), connection_(owned_.get()) {}
+
+  boost::asio::awaitable<boost::system::result<Reply>> execute(
+      std::string key, std::vector<std::string> argv) override;
+  boost::asio::awaitable<std::string> probe() override;
+  std::uint64_t connect_count() const override { return connection_->connect_count(); }
+
+ private:
+  std::unique_ptr<RedisConnection> owned_;
+  RedisConnection* connection_;
+};
+
 /// The client for `options.mode`: a single connection, a Sentinel-following connection or a
 /// cluster router. `tracker` (shared by the process's clients; may be null) sees each primary in
 /// use (SPEC C46).

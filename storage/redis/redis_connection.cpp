@@ -305,9 +305,22 @@ std::shared_ptr<RedisConnection::Session> RedisConnection::session() {
 
 asio::awaitable<boost::system::result<Reply>> RedisConnection::execute(
     std::vector<std::string> argv) {
+  return run(std::move(argv), false);
+}
+
+asio::awaitable<boost::system::result<Reply>> RedisConnection::execute_asking(
+    std::vector<std::string> argv) {
+  return run(std::move(argv), true);
+}
+
+asio::awaitable<boost::system::result<Reply>> RedisConnection::run(std::vector<std::string> argv,
+                                                                   bool asking) {
   auto op = std::make_shared<CommandOp>(executor_, std::move(argv));
   op->deadline.expires_after(options_.operation_timeout);
   auto session = this->session();
+  // Both are queued before this coroutine can yield, so no other command gets between them.
+  if (asking)
+    session->submit(std::make_shared<CommandOp>(executor_, std::vector<std::string>{"ASKING"}));
   session->submit(op);
   if (!op->outcome) {
     auto [ec] = co_await op->deadline.async_wait(use_nothrow);

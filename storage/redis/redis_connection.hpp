@@ -76,6 +76,14 @@ class RedisConnection {
   /// stays in flight and its reply is dropped.
   boost::asio::awaitable<boost::system::result<Reply>> execute(std::vector<std::string> argv);
 
+  /// Sends `ASKING` and then `argv` back-to-back on this connection, with nothing in between,
+  /// and returns the reply to `argv` (the reply to `ASKING` is not awaited: when it failed, the
+  /// command's own reply says so). A Redis Cluster node answers a command for a slot it is
+  /// importing only right after `ASKING` on the same connection (SPEC C42). Errors and
+  /// cancellation as in execute.
+  boost::asio::awaitable<boost::system::result<Reply>> execute_asking(
+      std::vector<std::string> argv);
+
   /// `execute` with the arguments spelled out: `command("PEXPIRE", key, "100")`.
   template <class... Args>
   requires(std::is_constructible_v<std::string, Args&&>&&...)
@@ -93,6 +101,8 @@ class RedisConnection {
   class Session;  // one hiredis context and its Asio hooks
 
   std::shared_ptr<Session> session();
+  boost::asio::awaitable<boost::system::result<Reply>> run(std::vector<std::string> argv,
+                                                           bool asking);
 
   boost::asio::any_io_executor executor_;
   config::Redis options_;

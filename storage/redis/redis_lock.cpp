@@ -2,6 +2,8 @@
 
 #include <openssl/evp.h>
 
+#include <boost/asio/error.hpp>
+
 #include <algorithm>
 #include <optional>
 #include <stdexcept>
@@ -74,8 +76,9 @@ bool is_noscript(const Reply& r) {
 
 }  // namespace
 
-RedisLock::RedisLock(RedisConnection& connection)
-    : connection_(connection),
+RedisLock::RedisLock(RedisClient& client, Options options)
+    : client_(client),
+      options_(options),
       renew_{kRenewScript, sha1_hex(kRenewScript)},
       release_{kReleaseScript, sha1_hex(kReleaseScript)},
       replace_{kReplaceScript, sha1_hex(kReplaceScript)},
@@ -91,21 +94,47 @@ asio::awaitable<boost::system::result<core::Acquired>> RedisLock::acquire(
   std::string key = key_of(id);
   std::optional<boost::system::result<Reply>> reply;
   if (set_nx_get_) {
-    reply = co_await connection_.command("SET", key, token, "NX", "PX", millis(ttl), "GET");
+    std::vector<std::string> argv{"SET", key, token, "NX", "PX", millis(ttl), "GET"};
+    reply = co_await client_.execute(key, std::move(argv));
     if (*reply && (*reply)->is_error() && (*reply)->str.find("syntax") != std::string::npos) {
       set_nx_get_ = false;  // Redis < 7.0: NX and GET together are a syntax error there
     }
   }
   if (!set_nx_get_) {
-    std::vector<std::string> args{std::move(token), millis(ttl)};
-    reply = co_await eval(&acquire_, std::move(key), std::move(args));
+    std::vector<std::string> args{token, millis(ttl)};
+    reply = co_await eval(&acquire_, key, std::move(args));
   }
   if (!*reply) co_return Result(boost::system::in_place_error, reply->error());
   // nil: the key was free and is ours now; a string: what holds it (not set, NX).
-  if ((*reply)->is_nil()) co_return core::Acquired{true, {}};
+  if ((*reply)->is_nil()) {
+    if (options_.wait_replicas > 0) {
+      auto waited = co_await wait_for_replicas(key, token);
+      if (!waited) co_return Result(boost::system::in_place_error, waited.error());
+    }
+    co_return core::Acquired{true, {}};
+  }
   if ((*reply)->kind == Reply::Kind::string)
     co_return core::Acquired{false, std::move((*reply)->str)};
   co_return Result(boost::system::in_place_error, store_errc::protocol);
+}
+
+asio::awaitable<boost::system::result<void>> RedisLock::wait_for_replicas(
+    const std::string& key, const std::string& token) {
+  // WAIT's own timeout ends before the command's deadline, so a slow replica is an answer
+  // ("fewer acknowledgements"), not a torn-down connection.
+  const auto timeout =
+      std::max<std::chrono::milliseconds::rep>(1, options_.wait_timeout.count() * 3 / 4);
+  std::vector<std::string> wait{"WAIT", std::to_string(options_.wait_replicas),
+                                std::to_string(timeout)};
+  auto acks = co_await client_.execute(key, std::move(wait));
+  if (acks && acks->kind == Reply::Kind::integer && acks->integer >= options_.wait_replicas) {
+    co_return boost::system::result<void>{};
+  }
+  // Too few replicas hold the lock: a failover now could lose it, so it does not count as taken.
+  std::vector<std::string> args{token};
+  (void)co_await run(&release_, key, std::move(args));
+  if (!acks && acks.error() == asio::error::operation_aborted) co_return acks.error();
+  co_return make_error_code(store_errc::unavailable);
 }
 
 asio::awaitable<boost::system::result<bool>> RedisLock::renew(core::Sha256 id, std::string token,
@@ -132,12 +161,14 @@ asio::awaitable<boost::system::result<Reply>> RedisLock::eval(const Script* scri
   std::vector<std::string> argv{"EVALSHA", script->sha1, "1", std::move(key)};
   argv.insert(argv.end(), std::make_move_iterator(args.begin()),
               std::make_move_iterator(args.end()));
-  auto reply = co_await connection_.execute(argv);
+  auto reply = co_await client_.execute(argv[3], argv);
   if (reply && is_noscript(*reply)) {
-    // The script cache is empty (Redis restarted or SCRIPT FLUSH): EVAL loads it again.
+    // The script cache is empty (Redis restarted, a failover to a replica that never saw the
+    // script, SCRIPT FLUSH): EVAL loads it again and runs it.
     argv[0] = "EVAL";
     argv[1] = script->source;
-    reply = co_await connection_.execute(std::move(argv));
+    std::string routed = argv[3];
+    reply = co_await client_.execute(std::move(routed), std::move(argv));
   }
   co_return reply;
 }

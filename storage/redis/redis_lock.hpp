@@ -6,7 +6,7 @@
 #include <string>
 
 #include "gateway/core/lock_service.hpp"
-#include "storage/redis/redis_connection.hpp"
+#include "storage/redis/redis_client.hpp"
 
 namespace idemgate::storage::redis {
 
@@ -21,18 +21,28 @@ namespace idemgate::storage::redis {
 ///   marker, SPEC C23).
 ///
 /// The scripts are sent with `EVALSHA` and fall back to `EVAL` when the server answers
-/// `NOSCRIPT` (after a restart or `SCRIPT FLUSH`).
+/// `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`): the script is loaded again and the
+/// command retried once. Every command touches the one lock key, so a cluster routes it whole.
+///
+/// With `wait_replicas` N > 0 (SPEC C41), a newly taken lock is followed by `WAIT N t` (t is
+/// 3/4 of `wait_timeout`, so the reply arrives before the connection's own deadline); fewer than
+/// N acknowledgements release the lock again and `acquire` returns `unavailable`.
 ///
 /// `ttl` is in milliseconds and must be positive. Errors as in core::LockService:
 /// `unavailable`, `timed_out` (the connection is re-opened by the next call), `protocol` (an
 /// error or unexpected reply from Redis). After `timed_out` or `unavailable` the outcome is
 /// unknown: a `SET` may have taken the lock, which then expires after `ttl`.
 ///
-/// Thread safety: none; one per io thread, on that thread's RedisConnection, which must outlive
-/// it.
+/// Thread safety: none; one per io thread, on that thread's RedisClient, which must outlive it.
 class RedisLock final : public core::LockService {
  public:
-  explicit RedisLock(RedisConnection& connection);
+  struct Options {
+    int wait_replicas = 0;  ///< replicas that must acknowledge a new lock (WAIT); 0: none
+    std::chrono::milliseconds wait_timeout{500};  ///< normally storage.redis.operation_timeout
+  };
+
+  explicit RedisLock(RedisClient& client) : RedisLock(client, Options{}) {}
+  RedisLock(RedisClient& client, Options options);
 
   boost::asio::awaitable<boost::system::result<core::Acquired>> acquire(
       core::Sha256 id, std::string token, std::chrono::milliseconds ttl) override;
@@ -60,7 +70,12 @@ class RedisLock final : public core::LockService {
   boost::asio::awaitable<boost::system::result<bool>> run(const Script* script, std::string key,
                                                           std::vector<std::string> args);
 
-  RedisConnection& connection_;
+  /// After a new lock: WAIT for the replicas; on too few, releases the lock and fails.
+  boost::asio::awaitable<boost::system::result<void>> wait_for_replicas(const std::string& key,
+                                                                        const std::string& token);
+
+  RedisClient& client_;
+  Options options_;
   Script renew_;
   Script release_;
   Script replace_;

@@ -17,6 +17,7 @@ using idemgate::core::store_errc;
 using idemgate::storage::redis::RedisConnection;
 using idemgate::storage::redis::RedisLock;
 using idemgate::storage::redis::Reply;
+using idemgate::storage::redis::SingleServerClient;
 using idemgate::test::reply_of;
 using idemgate::test::lock_service_contract::expect;
 using idemgate::test::lock_service_contract::random_id;
@@ -31,7 +32,8 @@ namespace {
 struct RedisLockFixture {
   asio::io_context io;
   RedisConnection connection{io.get_executor(), idemgate::test::redis_options_from_env()};
-  RedisLock redis_lock{connection};
+  SingleServerClient client{connection};
+  RedisLock redis_lock{client};
 
   idemgate::core::LockService& lock() { return redis_lock; }
   void run(asio::awaitable<void> body) { idemgate::test::run_one(io, std::move(body)); }
@@ -105,7 +107,8 @@ BOOST_FIXTURE_TEST_CASE(spec_C25_operation_past_timeout_is_timed_out_and_next_ca
   static constexpr auto kTimeout = 200ms;
   static constexpr auto kPause = 20s;
   RedisConnection connection{io.get_executor(), options_with_timeout(kTimeout)};
-  RedisLock lock{connection};
+  SingleServerClient client{connection};
+  RedisLock lock{client};
   idemgate::test::run_one(
       io, [](SideFixture* f, RedisConnection* conn, RedisLock* l) -> asio::awaitable<void> {
         co_await require(l->try_acquire(random_id(), "owner-a", 30s), true, "acquire before pause");
@@ -135,7 +138,8 @@ BOOST_FIXTURE_TEST_CASE(spec_C25_every_command_in_flight_on_a_timed_out_connecti
                         SideFixture) {
   constexpr int kInFlight = 5;
   RedisConnection connection{io.get_executor(), options_with_timeout(200ms)};
-  RedisLock lock{connection};
+  SingleServerClient client{connection};
+  RedisLock lock{client};
   idemgate::test::run_one(io, [](SideFixture* f) -> asio::awaitable<void> {
     co_await require_ok(f->side.command("CLIENT", "PAUSE", "20000", "WRITE"));
   }(this));
@@ -168,7 +172,8 @@ BOOST_FIXTURE_TEST_CASE(spec_C25_every_command_in_flight_on_a_timed_out_connecti
 // SPEC C25: a connection the server dropped is replaced by the next calls, with no restart.
 BOOST_FIXTURE_TEST_CASE(spec_C25_reconnects_after_the_server_killed_the_connection, SideFixture) {
   RedisConnection connection{io.get_executor(), options_with_timeout(5s)};
-  RedisLock lock{connection};
+  SingleServerClient client{connection};
+  RedisLock lock{client};
   idemgate::test::run_one(
       io, [](SideFixture* f, RedisConnection* conn, RedisLock* l) -> asio::awaitable<void> {
         co_await require(l->try_acquire(random_id(), "owner-a", 30s), true, "acquire before kill");
@@ -203,7 +208,8 @@ BOOST_AUTO_TEST_CASE(spec_C25_nothing_listening_is_unavailable_before_the_deadli
   options.port = placeholder.local_endpoint().port();
   options.operation_timeout = 60s;
   RedisConnection connection{io.get_executor(), options};
-  RedisLock lock{connection};
+  SingleServerClient client{connection};
+  RedisLock lock{client};
   idemgate::test::run_one(io, [](RedisConnection* conn, RedisLock* l) -> asio::awaitable<void> {
     for (int attempt = 1; attempt <= 2; ++attempt) {
       auto r = co_await l->try_acquire(random_id(), "owner-a", 30s);

@@ -699,6 +699,68 @@ BOOST_AUTO_TEST_CASE(a_redis_acl_username_is_read_and_needs_a_password) {
              "t.yaml:4: storage.redis.username: an ACL username needs redis.password as well");
 }
 
+namespace {
+std::string with_redis(const std::string& redis) {
+  return "listen: { port: 0 }\n"
+         "storage:\n"
+         "  postgres: { dsn: x }\n"
+         "  redis: " +
+         redis +
+         "\n"
+         "upstreams: { app: { servers: [\"a:1\"] } }\n"
+         "routes: [ { name: r, match: { path: / }, upstream: app } ]\n";
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C41_sentinel_shape_reads_sentinels_master_name_and_wait_replicas) {
+  const auto c = load(
+      with_redis("{ sentinels: [\"10.0.0.1:26379\", \"[::1]:26380\"], master_name: pay, db: 2, "
+                 "password: pw, sentinel_password: spw, wait_replicas: 1 }"));
+  const auto& r = c->storage.redis;
+  BOOST_TEST((r.mode == idemgate::config::Redis::Mode::sentinel));
+  BOOST_REQUIRE_EQUAL(r.sentinels.size(), 2u);
+  BOOST_TEST(r.sentinels[0].host == "10.0.0.1");
+  BOOST_TEST(r.sentinels[0].port == 26379);
+  BOOST_TEST(r.sentinels[1].host == "::1");
+  BOOST_TEST(r.master_name == "pay");
+  BOOST_TEST(r.db == 2);
+  BOOST_TEST(r.sentinel_password == "spw");
+  BOOST_TEST(r.wait_replicas == 1);
+  BOOST_TEST(error_of(with_redis("{ sentinels: [\"h:1\"] }")) ==
+             "t.yaml:4: storage.redis.master_name: required key is missing");
+  BOOST_TEST(error_of(with_redis("{ sentinels: [] , master_name: m }")) ==
+             "t.yaml:4: storage.redis.sentinels: at least one sentinel \"host:port\" is required");
+  BOOST_TEST(error_of(with_redis("{ master_name: m }")) ==
+             "t.yaml:4: storage.redis.master_name: redis.master_name needs redis.sentinels (the "
+             "Sentinel shape)");
+  BOOST_TEST(error_of(with_redis("{ wait_replicas: 17 }"))
+                 .starts_with("t.yaml:4: storage.redis.wait_replicas:"));
+}
+
+BOOST_AUTO_TEST_CASE(spec_C42_cluster_shape_reads_seed_nodes_and_refuses_a_db) {
+  const auto c = load(with_redis("{ cluster: [\"127.0.0.1:7000\", \"127.0.0.1:7001\"] }"));
+  BOOST_TEST((c->storage.redis.mode == idemgate::config::Redis::Mode::cluster));
+  BOOST_REQUIRE_EQUAL(c->storage.redis.cluster.size(), 2u);
+  BOOST_TEST(c->storage.redis.cluster[1].port == 7001);
+  BOOST_TEST(error_of(with_redis("{ cluster: [\"h:1\"], db: 3 }")) ==
+             "t.yaml:4: storage.redis.db: a Redis Cluster has only db 0: remove redis.db or set "
+             "it to 0");
+  BOOST_TEST(error_of(with_redis("{ cluster: [\"h\"] }"))
+                 .starts_with("t.yaml:4: storage.redis.cluster[0]: expected \"host:port\""));
+}
+
+BOOST_AUTO_TEST_CASE(redis_shapes_that_mix_name_the_conflicting_keys) {
+  BOOST_TEST(error_of(with_redis("{ cluster: [\"h:1\"], sentinels: [\"h:2\"], master_name: m }")) ==
+             "t.yaml:4: storage.redis.cluster: redis.cluster and redis.sentinels are two "
+             "different shapes of storage.redis: keep one of them");
+  BOOST_TEST(error_of(with_redis("{ address: h, sentinels: [\"h:2\"], master_name: m }")) ==
+             "t.yaml:4: storage.redis.address: redis.address names a single server and cannot be "
+             "combined with redis.sentinels: keep one of them");
+  BOOST_TEST(error_of(with_redis("{ port: 6380, cluster: [\"h:2\"] }")) ==
+             "t.yaml:4: storage.redis.port: redis.port belongs to redis.address and cannot be "
+             "combined with redis.cluster: keep one of them");
+}
+
 BOOST_AUTO_TEST_CASE(spec_C21_store_statuses_use_the_status_set_syntax) {
   const auto& i = idem_of(with_idempotency("      store_statuses: \"200-299, 404\"\n"));
   BOOST_TEST(i.store_statuses.contains(200));
