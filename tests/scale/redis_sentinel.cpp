@@ -271,6 +271,16 @@ RedisValue SentinelTopology::sentinel_command(std::size_t index,
   return redis_command(sentinels_.at(index)->port, argv, options_.sentinel_password, kProbeTimeout);
 }
 
+void SentinelTopology::signal_node(std::uint16_t port, int signo) {
+  for (auto& node : nodes_) {
+    if (node->port == port && node->child) {
+      node->child->signal(signo);
+      return;
+    }
+  }
+  throw std::logic_error("no data node listens on port " + std::to_string(port));
+}
+
 SentinelTopology::Clock::time_point SentinelTopology::kill_primary() {
   Node& primary = *nodes_[primary_];
   primary.child->signal(SIGKILL);

@@ -95,6 +95,10 @@ class SentinelTopology {
   /// Runs `argv` on sentinel `index`, authenticating with the sentinels' password.
   RedisValue sentinel_command(std::size_t index, const std::vector<std::string>& argv) const;
 
+  /// Sends `signo` to the data node listening on `port`, e.g. SIGSTOP and SIGCONT for a replica
+  /// that stops acknowledging writes for a while.
+  void signal_node(std::uint16_t port, int signo);
+
   /// SIGKILLs the primary's process (no shutdown, no last replication) and returns when.
   Clock::time_point kill_primary();
 

@@ -637,6 +637,48 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_keeps_every_lock_when_the_primary_
             << " duplicates=" << dups << std::endl;
 }
 
+BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_fewer_acks_is_a_store_error_and_releases_the_lock) {
+  SentinelTopology topology;
+  PaymentService payments;
+  Gateway gateway(sentinel_config(topology, payments, "acks.test", ", wait_replicas: 1"), 1);
+  warm_up(gateway, "acks.test");
+  const auto posts = payments.counter("payment_posts");
+  const std::string key = unique_name("c41-acks");
+  const HttpRequest request = payment_post("acks.test", key);
+  const std::string lock = lock_key(record_id_hex("c41-acks", key));
+
+  // A frozen replica acknowledges nothing: WAIT 1 runs out, the lock does not count.
+  topology.signal_node(topology.replica_port(), SIGSTOP);
+  const Timed refused = send_timed(gateway, request, 0);
+  const auto lock_left = topology.node_command(topology.primary_port(), {"EXISTS", lock}).integer;
+  topology.signal_node(topology.replica_port(), SIGCONT);
+  BOOST_TEST(store_unavailable(refused.response), refused.error
+                                                      << "\n"
+                                                      << gateway.explain(refused.response));
+  BOOST_TEST(ms(refused.elapsed()) <= ms(kRedisTimeout + kStoreFaultSlack),
+             "answered after " << ms(refused.elapsed()) << " ms");
+  BOOST_TEST(payments.counter("payment_posts") == posts, "forwarded without the replica's ack");
+  BOOST_TEST(lock_left == 0, "the lock was not released after too few acknowledgements");
+
+  // Released, not left to expire (lock_ttl 30 s): the retry executes as soon as the replica
+  // acknowledges again.
+  std::map<std::string, int> kinds;
+  Timed retry;
+  const auto deadline = Clock::now() + kRecoveryDeadline;
+  do {
+    retry = send_timed(gateway, request, 0);
+    ++kinds[kind_of(retry)];
+  } while (kind_of(retry) == "503" && Clock::now() < deadline &&
+           (std::this_thread::sleep_for(kRetryInterval), true));
+  BOOST_TEST(executed(retry.response), gateway.explain(retry.response));
+  BOOST_TEST(!kinds.contains("409"), "the refused request left its lock behind");
+  const auto executions = payments.counter("payment_posts") - posts;
+  BOOST_TEST(executions == 1u);
+  report("C41_wait_replicas_fewer_acks", executions, 1);
+  std::cout << "figures scenario=C41_wait_replicas_fewer_acks refused_after_ms="
+            << ms(refused.elapsed()) << " retries: " << summary(kinds) << std::endl;
+}
+
 BOOST_AUTO_TEST_CASE(spec_C41_sentinels_naming_a_replica_get_no_lock_command_and_requests_get_503) {
   SentinelTopology::Options options;
   options.monitor_replica = true;
@@ -704,9 +746,21 @@ BOOST_AUTO_TEST_CASE(spec_C41_sentinels_naming_a_replica_get_no_lock_command_and
         return s;
       }() << "\n" << gateway.diagnostics());
   BOOST_TEST(topology.node_command(named, {"DBSIZE"}).integer == keys_before);
+  // The sentinels never send ROLE (they read INFO): a rise is the gateway checking the node it
+  // was given, which shows that the 503s come from that check and not from an earlier failure.
+  const auto role_before = before.contains("role") ? before.at("role") : 0;
+  BOOST_TEST((after.contains("role") && after.at("role") > role_before),
+             "the gateway never asked the named node for its ROLE\n"
+                 << gateway.diagnostics());
+  std::string seen;
+  for (const auto& [name, total] : after) {
+    const auto it = before.find(name);
+    const auto delta = total - (it == before.end() ? 0 : it->second);
+    if (delta > 0) seen += (seen.empty() ? "" : ",") + name + ":" + std::to_string(delta);
+  }
   report("C41_sentinels_name_a_replica", payments.counter("payment_posts") - posts, 0);
   std::cout << "figures scenario=C41_sentinels_name_a_replica " << summary(kinds)
-            << " readyz=" << ready.status << std::endl;
+            << " readyz=" << ready.status << " replica_saw=" << seen << std::endl;
 }
 
 BOOST_AUTO_TEST_CASE(spec_C41_every_reconnect_authenticates_after_a_failover) {
