@@ -1,11 +1,17 @@
-# Scale-out on the stores' own machinery (SPEC §6, label `scale`): tests against several real
-# store processes started by the test itself (a Redis Cluster, a Redis Sentinel deployment),
-# loopback only.
+# Tests against real store topologies started by the test itself (a Redis Cluster, Sentinel, ACL):
+# loopback only, each suite well under a minute.
 add_library(idemgate_test_redis_cluster STATIC scale/redis_cluster.cpp)
 target_link_libraries(idemgate_test_redis_cluster PUBLIC idemgate_test_support idemgate_redis)
 
 idemgate_test(redis_cluster_scale_test scale SOURCES scale/redis_cluster_scale_test.cpp
-  LIBS idemgate_test_redis_cluster idemgate_redis idemgate_test_redis_client)
+  LIBS idemgate_test_redis_cluster idemgate_redis)
+
+# A Redis with an ACL user limited to the lock keys, restarted under keyed load: every reconnect
+# authenticates first. Postgres comes from scripts/local-stores (a private one, like fault).
+idemgate_test(redis_auth_scale_e2e_test scale
+  SOURCES scale/redis_auth_scale_e2e_test.cpp fault/local_stores.cpp
+  LIBS idemgate_e2e_fixture PkgConfig::HIREDIS)
+add_dependencies(redis_auth_scale_e2e_test idemgate payment-service)
 
 # The real gateway and payment service against a Sentinel deployment the test binary fails
 # over, plus a private Postgres (scripts/local-stores), so the suite needs no store variables.

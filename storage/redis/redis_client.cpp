@@ -5,7 +5,6 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <charconv>
-#include <stdexcept>
 
 #include "storage/redis/redis_cluster.hpp"
 
@@ -226,7 +225,7 @@ std::unique_ptr<RedisClient> make_redis_client(asio::any_io_executor executor,
     case config::Redis::Mode::cluster:
       break;
   }
-  throw std::invalid_argument("storage.redis.cluster: no cluster client in this build");
+  return make_cluster_client(std::move(executor), options, std::move(tracker));
 }
 
 std::string endpoint_text(const std::string& host, std::uint16_t port) {

@@ -97,6 +97,23 @@ BOOST_FIXTURE_TEST_CASE(scripts_are_loaded_again_after_the_script_cache_is_flush
   }(this));
 }
 
+// SPEC C41: with wait_replicas, a lock no replica acknowledged does not count as taken. The test
+// server has no replica, so WAIT 1 answers 0: acquire fails as unavailable and the key is free.
+BOOST_FIXTURE_TEST_CASE(spec_C41_a_lock_without_enough_replica_acks_is_released_and_fails,
+                        RedisLockFixture) {
+  RedisLock waiting{client, {.wait_replicas = 1, .wait_timeout = 200ms}};
+  run([](RedisLockFixture* f, RedisLock* l) -> asio::awaitable<void> {
+    const auto id = random_id();
+    auto taken = co_await l->try_acquire(id, "owner-w", 30s);
+    BOOST_REQUIRE(!taken);
+    BOOST_TEST((taken.error() == store_errc::unavailable));
+    const auto stored = co_await reply_of(f->connection.command("EXISTS", RedisLock::key_of(id)));
+    BOOST_TEST(stored.integer == 0, "the unacknowledged lock was released");
+    // With wait_replicas 0 the same server grants it (WAIT is not sent).
+    co_await require(f->redis_lock.try_acquire(id, "owner-x", 30s), true, "x acquires");
+  }(this, &waiting));
+}
+
 // SPEC C25: an operation past operation_timeout (a server that does not answer) ends with
 // timed_out at its deadline, and the store is usable again without a restart. The server is
 // made unresponsive with CLIENT PAUSE WRITE, whose OK tells when the pause is in force (DEBUG
