@@ -802,6 +802,73 @@ BOOST_AUTO_TEST_CASE(spec_C41_every_reconnect_authenticates_after_a_failover) {
 // -------------------------------------------------------------------------------------------
 // C46 — the switch counted and logged once per instance
 
+// Asynchronous replication can lose a lock in the switch (wait_replicas 0). The loss is made
+// certain here by deleting the lock keys on the promoted primary, as if the last writes never
+// reached it: a retry of the in-flight key then executes a second time, and C36 must keep the
+// first committed answer for both clients and count the duplicate.
+BOOST_AUTO_TEST_CASE(
+    spec_C36_a_lock_lost_in_the_failover_lets_one_duplicate_run_and_the_first_answer_is_kept) {
+  SentinelTopology topology;
+  TestUpstream upstream;
+  // Both executions wait at the upstream until the test lets them go; every execution gets its
+  // own body ({"path":…,"n":N}), so the answers tell which one was stored.
+  UpstreamReply held;
+  held.hold = true;
+  upstream.on("/payments", {held, held});
+  GatewayConfig config;
+  config.upstreams = {{"payments", {upstream.address()}}};
+  config.routes_yaml = route("c36-lost", "lost.test", "payments");
+  config.redis = topology.gateway_redis();
+  config.redis_operation_timeout = std::to_string(kRedisTimeout.count()) + "ms";
+  Gateway gateway(config, kInstances);
+
+  const HttpRequest request =
+      keyed_post("/payments", unique_name("c36-lost"), "{\"amount\":1}", {{"Host", "lost.test"}});
+  auto first = std::async(std::launch::async, [&] { return send_timed(gateway, request, 0); });
+  BOOST_REQUIRE_MESSAGE(upstream.wait_for("/payments", 1),
+                        "the first request never reached the upstream\n"
+                            << gateway.diagnostics());
+
+  topology.kill_primary();
+  topology.wait_for_promotion();
+  const auto locks = topology.node_command(topology.primary_port(), {"KEYS", "idemgate:lock:*"});
+  BOOST_REQUIRE(locks.kind == RedisValue::Kind::array);
+  BOOST_TEST_REQUIRE(locks.elements.size() == 1u,
+                     "the promoted replica should hold the lock: " << locks.describe());
+  topology.node_command(topology.primary_port(), {"DEL", locks.elements[0].text});
+
+  // The retry through the other instance: 503 until that instance found the new primary, then
+  // it takes the (lost) lock and executes.
+  auto second = std::async(std::launch::async, [&] {
+    const auto deadline = Clock::now() + kRecoveryDeadline;
+    for (;;) {
+      Timed t = send_timed(gateway, request, 1);
+      if (kind_of(t) != "503" || Clock::now() > deadline) return t;
+      std::this_thread::sleep_for(kRetryInterval);
+    }
+  });
+  BOOST_REQUIRE_MESSAGE(upstream.wait_for("/payments", 2),
+                        "the retry never executed after the lock was lost\n"
+                            << gateway.diagnostics());
+  upstream.release();
+  const Timed a = first.get();
+  const Timed b = second.get();
+  BOOST_REQUIRE_MESSAGE(a.error.empty() && b.error.empty(), a.error << " / " << b.error);
+  BOOST_TEST(a.response.status == 201u, gateway.explain(a.response));
+  BOOST_TEST(b.response.status == 201u, gateway.explain(b.response));
+  // One body for both clients: the first committed; the later commit lost and replays it.
+  BOOST_TEST(a.response.body == b.response.body);
+  BOOST_TEST((replayed(a.response) != replayed(b.response)),
+             "exactly one of the two executions answers as a replay");
+  BOOST_TEST(upstream.count("/payments") == 2u);
+  BOOST_TEST(duplicates(gateway) == 1u, "C36 counts the duplicate execution once");
+  // Later retries replay that same first answer.
+  const Timed later = send_timed(gateway, request, 0);
+  BOOST_TEST(replayed(later.response), gateway.explain(later.response));
+  BOOST_TEST(later.response.body == a.response.body);
+  BOOST_TEST(upstream.count("/payments") == 2u);
+}
+
 BOOST_AUTO_TEST_CASE(spec_C46_each_instance_counts_and_logs_the_switch_to_the_new_primary_once) {
   SentinelTopology topology;
   PaymentService payments;
