@@ -284,8 +284,11 @@ asio::awaitable<boost::system::result<PgResult>> PgConnection::finish_command() 
       first_error = store_errc::conflict;
     } else if (state == "57014") {
       first_error = store_errc::timed_out;  // statement_timeout on the server
-    } else if (state.empty() || state.starts_with("08") || state.starts_with("57P")) {
-      broken_ = true;  // no SQLSTATE: libpq's own error (connection lost)
+    } else if (state.empty() || state.starts_with("08") || state.starts_with("57P") ||
+               state == "25006") {
+      // No SQLSTATE: libpq's own error (connection lost). 25006: a write refused as read-only,
+      // so this host is a standby now (a demoted primary, SPEC C43): never reuse it.
+      broken_ = true;
       first_error = store_errc::unavailable;
     } else if (state.starts_with("53")) {
       first_error = store_errc::unavailable;  // out of resources: too many connections, disk

@@ -47,7 +47,8 @@ struct Statement {
 ///
 /// Every operation takes a deadline and ends by it. Errors are `core::store_errc` values:
 /// - `unavailable`: cannot connect, or the connection was lost (server restart,
-///   `pg_terminate_backend`, SQLSTATE classes 08 and 57P);
+///   `pg_terminate_backend`, SQLSTATE classes 08 and 57P), or a write refused as read-only
+///   (SQLSTATE 25006: the host is a standby now, SPEC C43);
 /// - `timed_out`: the deadline passed (or the server cancelled the statement, SQLSTATE 57014);
 /// - `conflict`: SQLSTATE 23505 (unique violation);
 /// - `protocol`: any other statement error or an unexpected answer.

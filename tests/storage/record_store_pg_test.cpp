@@ -218,6 +218,26 @@ BOOST_AUTO_TEST_CASE(spec_C25_terminated_backend_is_replaced_by_a_new_connection
   BOOST_TEST(backend.backend_pid() != pid_before);
 }
 
+// SPEC C43: a demoted primary answers writes with 25006 (read-only transaction). The connection
+// then talks to a standby: it is broken (never back to the pool), and the error is unavailable
+// (C25), so the pool reconnects to whichever host is primary now.
+BOOST_AUTO_TEST_CASE(spec_C43_read_only_transaction_marks_the_connection_broken_and_unavailable) {
+  boost::asio::io_context io;
+  PgConnection connection(io.get_executor(), pg_dsn(), 60s);
+  BOOST_TEST_REQUIRE(run_to_completion(io, connection.connect(soon())).has_value(),
+                     connection.last_error());
+  auto set =
+      run_to_completion(io, connection.query("SET default_transaction_read_only = on", {}, soon()));
+  BOOST_TEST_REQUIRE(set.has_value(), connection.last_error());
+  BOOST_TEST(!connection.broken());
+  auto write = run_to_completion(
+      io, connection.query("CREATE TEMPORARY TABLE read_only_probe (x int)", {}, soon()));
+  BOOST_TEST_REQUIRE(!write.has_value());
+  BOOST_TEST(write.error() == code(store_errc::unavailable), write.error().message());
+  BOOST_TEST(connection.last_error().starts_with("25006"), connection.last_error());
+  BOOST_TEST(connection.broken());
+}
+
 BOOST_AUTO_TEST_CASE(connection_abandoned_mid_operation_is_discarded_not_reused) {
   PgBackend backend(1, 60s);
   const int pid_before = backend.backend_pid();
