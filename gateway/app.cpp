@@ -102,6 +102,7 @@ class ThreadHandler final : public http::RequestHandler {
     const auto total = static_cast<std::size_t>(config.storage.postgres.pool_size);
     options.max_connections = std::max<std::size_t>(1, (total + threads - 1) / threads);
     options.operation_timeout = config.storage.postgres.operation_timeout;
+    options.prepared_statements = config.storage.postgres.prepared_statements;
     return options;
   }
 

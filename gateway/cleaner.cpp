@@ -18,8 +18,11 @@ struct Cleaner::State {
       : io(std::make_unique<asio::io_context>()),
         interval(config.storage.cleanup.interval),
         batch(config.storage.cleanup.batch),
-        pool(io->get_executor(),
-             {config.storage.postgres.dsn, 1, config.storage.postgres.operation_timeout, {}}),
+        pool(io->get_executor(), {config.storage.postgres.dsn,
+                                  1,
+                                  config.storage.postgres.operation_timeout,
+                                  {},
+                                  config.storage.postgres.prepared_statements}),
         store(pool) {}
   // Members go in reverse order: the store and the pool first, closing their sockets and timers
   // while the io_context's services exist; then the io_context, which destroys the pending

@@ -174,6 +174,7 @@ AdminServer::AdminServer(const config::Config& config, MetricsText metrics_text,
   pg_options.dsn = config.storage.postgres.dsn;
   pg_options.max_connections = 1;
   pg_options.operation_timeout = config.storage.postgres.operation_timeout;
+  pg_options.prepared_statements = config.storage.postgres.prepared_statements;
   pg_ = std::make_unique<storage::pg::PgPool>(io_.get_executor(), pg_options);
   redis_ = storage::redis::make_redis_client(io_.get_executor(), config.storage.redis,
                                              std::move(redis_primary));

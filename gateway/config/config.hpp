@@ -53,6 +53,8 @@ struct Postgres {
   std::string dsn;
   int pool_size = 8;  ///< connections per gateway process, spread over the io threads
   Duration operation_timeout = std::chrono::seconds(2);
+  /// false: unnamed statements only, no session state (SPEC C44: PgBouncer transaction pooling).
+  bool prepared_statements = true;
 };
 
 /// `storage.redis` — one of three shapes (SPEC C41, C42): a single server (`address`/`port`),

@@ -545,7 +545,7 @@ void Loader::storage(const Field& f) {
   Storage& s = config_->storage;
 
   const Field pg_field = m.require("postgres");
-  const Map pg(*this, pg_field, {"dsn", "pool_size", "operation_timeout"});
+  const Map pg(*this, pg_field, {"dsn", "pool_size", "operation_timeout", "prepared_statements"});
   s.postgres.dsn = non_empty(pg.require("dsn"));
   if (auto v = pg.get("pool_size")) {
     s.postgres.pool_size = static_cast<int>(integer(*v, 1, 256));
@@ -556,30 +556,36 @@ void Loader::storage(const Field& f) {
     }
   }
   if (auto v = pg.get("operation_timeout")) s.postgres.operation_timeout = duration(*v, 10ms, 60s);
+  if (auto v = pg.get("prepared_statements")) {
+    s.postgres.prepared_statements = choice<bool>(*v, {{"true", true}, {"false", false}});
+  }
 
   if (auto r = m.get("redis")) {
-    const Map redis(*this, *r,
-                    {"address", "port", "db", "password", "username", "operation_timeout",
-                     "sentinels", "master_name", "sentinel_password", "sentinel_username",
-                     "cluster", "wait_replicas"});
+    const Map redis(
+        *this, *r,
+        {"address", "port", "db", "password", "username", "operation_timeout", "sentinels",
+         "master_name", "sentinel_password", "sentinel_username", "cluster", "wait_replicas"});
     // One shape only (SPEC C41, C42): a single server, sentinels, or a cluster.
     const auto address = redis.get("address");
     const auto port_field = redis.get("port");
     const auto sentinels = redis.get("sentinels");
     const auto cluster = redis.get("cluster");
     if (sentinels && cluster) {
-      fail(*cluster, "redis.cluster and redis.sentinels are two different shapes of "
-                     "storage.redis: keep one of them");
+      fail(*cluster,
+           "redis.cluster and redis.sentinels are two different shapes of "
+           "storage.redis: keep one of them");
     }
     if (sentinels || cluster) {
       const char* shape = sentinels ? "redis.sentinels" : "redis.cluster";
       if (address) {
         fail(*address, std::string("redis.address names a single server and cannot be combined "
-                                   "with ") + shape + ": keep one of them");
+                                   "with ") +
+                           shape + ": keep one of them");
       }
       if (port_field) {
         fail(*port_field, std::string("redis.port belongs to redis.address and cannot be "
-                                      "combined with ") + shape + ": keep one of them");
+                                      "combined with ") +
+                              shape + ": keep one of them");
       }
     }
     if (address) {

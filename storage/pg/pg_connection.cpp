@@ -70,8 +70,11 @@ constexpr int kBinaryResults = 1;
 }  // namespace
 
 PgConnection::PgConnection(asio::any_io_executor executor, std::string dsn,
-                           std::chrono::milliseconds statement_timeout)
-    : dsn_(std::move(dsn)), statement_timeout_(statement_timeout), timer_(std::move(executor)) {}
+                           std::chrono::milliseconds statement_timeout, bool prepared_statements)
+    : dsn_(std::move(dsn)),
+      statement_timeout_(statement_timeout),
+      prepared_statements_(prepared_statements),
+      timer_(std::move(executor)) {}
 
 PgConnection::~PgConnection() {
   close();
@@ -166,6 +169,12 @@ asio::awaitable<boost::system::result<void>> PgConnection::open() {
   }
   if (!attach_socket()) co_return lost("connect");
   if (PQsetnonblocking(conn_, 1) != 0) co_return lost("PQsetnonblocking");
+  if (!prepared_statements_) {
+    // Behind a transaction pooler the next statement may run on another server session: no
+    // session state at all (SPEC C44).
+    connected_ = true;
+    co_return boost::system::result<void>{};
+  }
   // A SET rather than an `options` connection parameter, which an `options` in the DSN would
   // silently replace.
   std::vector<Param> timeout;
@@ -214,6 +223,7 @@ asio::awaitable<boost::system::result<PgResult>> PgConnection::query(std::string
 
 asio::awaitable<boost::system::result<PgResult>> PgConnection::run_prepared(
     Statement statement, std::vector<Param> params) {
+  if (!prepared_statements_) co_return co_await run_unprepared(statement.sql, std::move(params));
   if (!WireParams::fits(params)) co_return store_errc::protocol;
   if (!prepared_.contains(statement.name)) {
     if (!PQsendPrepare(conn_, statement.name, statement.sql, 0, nullptr)) {

@@ -67,8 +67,11 @@ struct Statement {
 /// None: use from one thread (the executor's io thread), one operation at a time.
 class PgConnection {
  public:
+  /// `prepared_statements` false (SPEC C44, for PgBouncer's transaction pooling): execute() runs
+  /// every Statement unnamed (PQsendQueryParams) and connect() sets no session state (no
+  /// server-side statement_timeout then: the pooler's or the role's applies).
   PgConnection(boost::asio::any_io_executor executor, std::string dsn,
-               std::chrono::milliseconds statement_timeout);
+               std::chrono::milliseconds statement_timeout, bool prepared_statements = true);
   ~PgConnection();
   PgConnection(const PgConnection&) = delete;
   PgConnection& operator=(const PgConnection&) = delete;
@@ -118,6 +121,7 @@ class PgConnection {
 
   std::string dsn_;
   std::chrono::milliseconds statement_timeout_;
+  bool prepared_statements_ = true;
   boost::asio::steady_timer timer_;
   PGconn* conn_ = nullptr;
   std::optional<boost::asio::posix::stream_descriptor> socket_;

@@ -113,7 +113,8 @@ asio::awaitable<boost::system::result<PgPool::Lease>> PgPool::acquire(Deadline d
       ++pool->open;
       // Leased before connecting so that a failed or abandoned connect frees the slot.
       Lease lease(pool, std::make_unique<PgConnection>(pool->executor, pool->options.dsn,
-                                                       pool->options.statement_timeout));
+                                                       pool->options.statement_timeout,
+                                                       pool->options.prepared_statements));
       auto connected = co_await lease->connect(deadline);
       if (!connected) co_return connected.error();
       co_return lease;

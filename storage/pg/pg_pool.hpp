@@ -31,6 +31,9 @@ class PgPool {
     /// Server-side `statement_timeout` sent with each connection: a safety net that ends work
     /// a timed-out client left behind. Zero: operation_timeout + 1 s.
     std::chrono::milliseconds statement_timeout{0};
+    /// false: unnamed statements only and no session state (SPEC C44, PgBouncer transaction
+    /// pooling); see PgConnection.
+    bool prepared_statements = true;
   };
 
   /// A connection on loan. Destroying the lease gives the connection back, or discards it when

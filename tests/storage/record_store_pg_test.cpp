@@ -238,6 +238,39 @@ BOOST_AUTO_TEST_CASE(spec_C43_read_only_transaction_marks_the_connection_broken_
   BOOST_TEST(connection.broken());
 }
 
+// SPEC C44: behind PgBouncer's transaction pooling every statement may land on another server
+// session, so with prepared_statements false the gateway leaves none behind: no named
+// statement, no session setting. The default (true) prepares, which this test also shows.
+BOOST_AUTO_TEST_CASE(spec_C44_without_prepared_statements_a_session_keeps_no_state) {
+  for (const bool prepared : {false, true}) {
+    boost::asio::io_context io;
+    PgPool pool(io.get_executor(), {pg_dsn(), 1, 5s, {}, prepared});
+    idemgate::storage::pg::PgRecordStore store(pool);
+    const auto record = sample_record(prepared ? "prepared" : "unprepared");
+    auto inserted = run_to_completion(io, store.insert(record, kLongTtl));
+    BOOST_TEST_REQUIRE(inserted.has_value(), inserted.error().message());
+    BOOST_TEST(inserted->inserted);
+    auto found = run_to_completion(io, store.find(record.id));
+    BOOST_TEST_REQUIRE(found.has_value(), found.error().message());
+    BOOST_TEST(found->has_value());
+    auto named =
+        run_to_completion(io, pool.query("SELECT count(*) FROM pg_prepared_statements", {}));
+    BOOST_TEST_REQUIRE(named.has_value(), named.error().message());
+    auto timeout = run_to_completion(
+        io, pool.query("SELECT current_setting('statement_timeout') = "
+                       "(SELECT reset_val FROM pg_settings WHERE name = 'statement_timeout')",
+                       {}));
+    BOOST_TEST_REQUIRE(timeout.has_value(), timeout.error().message());
+    if (prepared) {
+      BOOST_TEST(named->int8(0, 0).value() > 0);
+      BOOST_TEST(!timeout->boolean(0, 0).value(), "the session's statement_timeout is set");
+    } else {
+      BOOST_TEST(named->int8(0, 0).value() == 0);
+      BOOST_TEST(timeout->boolean(0, 0).value(), "statement_timeout is the server's own");
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(connection_abandoned_mid_operation_is_discarded_not_reused) {
   PgBackend backend(1, 60s);
   const int pid_before = backend.backend_pid();

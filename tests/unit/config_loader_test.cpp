@@ -321,7 +321,7 @@ BOOST_AUTO_TEST_CASE(required_keys_are_named_when_missing) {
       "t.yaml:1: listen.port: required key is missing");
   BOOST_TEST(error_of(replace(kBase, "dsn:", "dns:")) ==
              "t.yaml:3: storage.postgres.dns: unknown key (expected one of: dsn, pool_size, "
-             "operation_timeout)");
+             "operation_timeout, prepared_statements)");
   BOOST_TEST(error_of(replace(kBase, "{ dsn: \"postgresql://idem@127.0.0.1:5432/idem\" }",
                               "{ pool_size: 4 }")) ==
              "t.yaml:3: storage.postgres.dsn: required key is missing");
@@ -747,6 +747,20 @@ BOOST_AUTO_TEST_CASE(spec_C42_cluster_shape_reads_seed_nodes_and_refuses_a_db) {
              "it to 0");
   BOOST_TEST(error_of(with_redis("{ cluster: [\"h\"] }"))
                  .starts_with("t.yaml:4: storage.redis.cluster[0]: expected \"host:port\""));
+}
+
+BOOST_AUTO_TEST_CASE(spec_C44_prepared_statements_is_a_boolean_defaulting_to_true) {
+  const std::string text =
+      "listen: { port: 0 }\n"
+      "storage:\n"
+      "  postgres: { dsn: x, prepared_statements: false }\n"
+      "upstreams: { app: { servers: [\"a:1\"] } }\n"
+      "routes: [ { name: r, match: { path: / }, upstream: app } ]\n";
+  BOOST_TEST(!load(text)->storage.postgres.prepared_statements);
+  BOOST_TEST(load(replace(text, ", prepared_statements: false", ""))
+                 ->storage.postgres.prepared_statements);
+  BOOST_TEST(error_of(replace(text, "prepared_statements: false", "prepared_statements: maybe"))
+                 .starts_with("t.yaml:3: storage.postgres.prepared_statements:"));
 }
 
 BOOST_AUTO_TEST_CASE(redis_shapes_that_mix_name_the_conflicting_keys) {
