@@ -72,9 +72,15 @@ class ThreadHandler final : public http::RequestHandler {
         store_(pool_, io.get_executor(), storage::pg::PgRecordStore::with_group_commit()),
         timed_store_(store_, metrics),
         redis_(storage::redis::make_redis_client(io.get_executor(), config.storage.redis,
-                                                 std::move(redis_primary))),
-        lock_(*redis_,
-              {config.storage.redis.wait_replicas, config.storage.redis.operation_timeout}),
+                                                 redis_primary)),
+        // With wait_replicas, new locks (write + WAIT) get a connection of their own, so a WAIT
+        // held up by a slow replica never delays renewals, releases and markers.
+        redis_acquire_(config.storage.redis.wait_replicas > 0
+                           ? storage::redis::make_redis_client(io.get_executor(),
+                                                               config.storage.redis, redis_primary)
+                           : nullptr),
+        lock_(*redis_, {config.storage.redis.wait_replicas, config.storage.redis.operation_timeout,
+                        redis_acquire_.get()}),
         timed_lock_(lock_, metrics),
         upstreams_(io.get_executor()),
         handler_(upstreams_, timed_store_, timed_lock_, filter_events(metrics)) {}
@@ -110,6 +116,7 @@ class ThreadHandler final : public http::RequestHandler {
   storage::pg::PgRecordStore store_;
   TimedRecordStore timed_store_;
   std::unique_ptr<storage::redis::RedisClient> redis_;
+  std::unique_ptr<storage::redis::RedisClient> redis_acquire_;
   storage::redis::RedisLock lock_;
   TimedLockService timed_lock_;
   http::UpstreamPool upstreams_;

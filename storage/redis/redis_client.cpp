@@ -58,6 +58,27 @@ class SentinelClient final : public RedisClient {
     }
   }
 
+  asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> execute_then(
+      std::string key, std::vector<std::string> argv, std::vector<std::string> then) override {
+    (void)key;
+    for (int attempt = 0;; ++attempt) {
+      auto primary = co_await current();
+      if (!primary) co_return primary.error();
+      std::shared_ptr<RedisConnection> connection = *primary;
+      auto replies = co_await connection->execute_then(argv, then);
+      if (!replies) {
+        if (replies.error() != asio::error::operation_aborted) forget(connection);
+        co_return replies;
+      }
+      if (is_not_primary_error(replies->first)) {
+        forget(connection);
+        if (attempt == 0) continue;
+        co_return make_error_code(store_errc::unavailable);
+      }
+      co_return replies;
+    }
+  }
+
   asio::awaitable<std::string> probe() override {
     std::vector<std::string> ping{"PING"};
     auto reply = co_await execute(std::string{}, std::move(ping));
@@ -85,10 +106,17 @@ class SentinelClient final : public RedisClient {
     }
     lookup_gate_ =
         std::make_shared<asio::steady_timer>(executor_, asio::steady_timer::time_point::max());
-    auto gate = lookup_gate_;
+    // However the lookup ends (a cancelled caller throws at its next co_await), the gate opens
+    // and the next command may look up again: no command waits on a lookup nobody runs.
+    struct OpenGate {
+      SentinelClient* self;
+      std::shared_ptr<asio::steady_timer> gate;
+      ~OpenGate() {
+        if (self->lookup_gate_ == gate) self->lookup_gate_.reset();
+        gate->cancel();
+      }
+    } open_gate{this, lookup_gate_};
     const bool found = co_await look_up();
-    lookup_gate_.reset();
-    gate->cancel();
     if (found) co_return primary_;
     co_return make_error_code(store_errc::unavailable);
   }
@@ -115,7 +143,14 @@ class SentinelClient final : public RedisClient {
   /// Asks the sentinels in turn; true once one named a node that answers ROLE as a primary.
   asio::awaitable<bool> look_up() {
     const std::size_t n = sentinels_.size();
+    // One lookup stays within about one operation_timeout beyond the sentinel it is asking:
+    // after that the command fails (C25) rather than trying sentinel after sentinel.
+    const auto give_up = std::chrono::steady_clock::now() + options_.operation_timeout;
     for (std::size_t k = 0; k < n; ++k) {
+      if (k > 0 && std::chrono::steady_clock::now() >= give_up) {
+        last_failure_ += " (gave up after operation_timeout)";
+        break;
+      }
       const std::size_t i = (next_sentinel_ + k) % n;
       const std::string who = endpoint_text(options_.sentinels[i].host, options_.sentinels[i].port);
       auto answer =
@@ -204,6 +239,12 @@ asio::awaitable<ReplyResult> SingleServerClient::execute(std::string key,
                                                          std::vector<std::string> argv) {
   (void)key;
   co_return co_await connection_->execute(std::move(argv));
+}
+
+asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> SingleServerClient::execute_then(
+    std::string key, std::vector<std::string> argv, std::vector<std::string> then) {
+  (void)key;
+  co_return co_await connection_->execute_then(std::move(argv), std::move(then));
 }
 
 asio::awaitable<std::string> SingleServerClient::probe() {

@@ -64,6 +64,12 @@ class RedisClient {
   virtual boost::asio::awaitable<boost::system::result<Reply>> execute(
       std::string key, std::vector<std::string> argv) = 0;
 
+  /// Like execute, and sends `then` right behind `argv` on the same connection (behind the
+  /// redirected command after a redirect), returning both replies: `WAIT` after a lock's `SET`
+  /// (SPEC C41). `then` has no key of its own.
+  virtual boost::asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> execute_then(
+      std::string key, std::vector<std::string> argv, std::vector<std::string> then) = 0;
+
   /// Checks that every primary this client needs answers `PING` (the readiness probe, SPEC
   /// C30): empty when they do, otherwise what failed, for `/readyz`.
   virtual boost::asio::awaitable<std::string> probe() = 0;
@@ -82,6 +88,8 @@ class SingleServerClient final : public RedisClient {
 
   boost::asio::awaitable<boost::system::result<Reply>> execute(
       std::string key, std::vector<std::string> argv) override;
+  boost::asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> execute_then(
+      std::string key, std::vector<std::string> argv, std::vector<std::string> then) override;
   boost::asio::awaitable<std::string> probe() override;
   std::uint64_t connect_count() const override { return connection_->connect_count(); }
 

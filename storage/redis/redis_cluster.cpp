@@ -187,7 +187,10 @@ class ClusterClient final : public RedisClient {
     } else {
       target = map_.owner(key_slot(key));
     }
-    if (!target) co_return make_error_code(store_errc::unavailable);
+    if (!target) {
+      stale_ = true;  // a slot nobody owned when the map was read: ask again next time
+      co_return make_error_code(store_errc::unavailable);
+    }
 
     bool asking = false;
     for (int redirects = 0;; ++redirects) {
@@ -204,11 +207,45 @@ class ClusterClient final : public RedisClient {
         if (r.error() != asio::error::operation_aborted) stale_ = true;
         co_return r;
       }
-      if (is_cluster_unavailable(*r)) co_return make_error_code(store_errc::unavailable);
+      if (is_cluster_unavailable(*r)) {
+        stale_ = true;
+        co_return make_error_code(store_errc::unavailable);
+      }
       auto redirect = parse_redirect(*r, *target);
       if (!redirect) co_return r;
       if (redirects == kMaxRedirects) co_return make_error_code(store_errc::unavailable);
       // MOVED: the slot has a new owner for good; ASK: only this command goes there.
+      if (!redirect->ask) co_await refresh(seen);
+      asking = redirect->ask;
+      target = std::move(redirect->to);
+    }
+  }
+
+  asio::awaitable<result<std::pair<Reply, Reply>>> execute_then(
+      std::string key, std::vector<std::string> argv, std::vector<std::string> then) override {
+    if (stale_ || map_.empty()) co_await refresh(generation_);
+    std::optional<Endpoint> target = map_.owner(key_slot(key));
+    if (!target) {
+      stale_ = true;
+      co_return make_error_code(store_errc::unavailable);
+    }
+    bool asking = false;
+    for (int redirects = 0;; ++redirects) {
+      const auto seen = generation_;
+      auto node = connection(*target);
+      // `then` follows the command on the node that runs it, redirected or not.
+      auto r = co_await node->execute_then(argv, then, asking);
+      if (!r) {
+        if (r.error() != asio::error::operation_aborted) stale_ = true;
+        co_return r;
+      }
+      if (is_cluster_unavailable(r->first)) {
+        stale_ = true;
+        co_return make_error_code(store_errc::unavailable);
+      }
+      auto redirect = parse_redirect(r->first, *target);
+      if (!redirect) co_return r;
+      if (redirects == kMaxRedirects) co_return make_error_code(store_errc::unavailable);
       if (!redirect->ask) co_await refresh(seen);
       asking = redirect->ask;
       target = std::move(redirect->to);

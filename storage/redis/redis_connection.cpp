@@ -313,6 +313,32 @@ asio::awaitable<boost::system::result<Reply>> RedisConnection::execute_asking(
   return run(std::move(argv), true);
 }
 
+asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> RedisConnection::execute_then(
+    std::vector<std::string> argv, std::vector<std::string> then, bool asking) {
+  auto op = std::make_shared<CommandOp>(executor_, std::move(argv));
+  auto next = std::make_shared<CommandOp>(executor_, std::move(then));
+  next->deadline.expires_after(options_.operation_timeout);
+  auto session = this->session();
+  // All are queued before this coroutine can yield, so no other command gets between them.
+  if (asking)
+    session->submit(std::make_shared<CommandOp>(executor_, std::vector<std::string>{"ASKING"}));
+  session->submit(op);
+  session->submit(next);
+  if (!next->outcome) {
+    auto [ec] = co_await next->deadline.async_wait(use_nothrow);
+    if (!next->outcome && ec == asio::error::operation_aborted) co_return ec;
+  }
+  if (!next->outcome) {
+    session->close(store_errc::timed_out);
+    co_return make_error_code(store_errc::timed_out);
+  }
+  // Replies are FIFO: once the second has an outcome, the first has one too.
+  if (!op->outcome) co_return make_error_code(store_errc::protocol);
+  if (!*op->outcome) co_return op->outcome->error();
+  if (!*next->outcome) co_return next->outcome->error();
+  co_return std::pair<Reply, Reply>{std::move(**op->outcome), std::move(**next->outcome)};
+}
+
 asio::awaitable<boost::system::result<Reply>> RedisConnection::run(std::vector<std::string> argv,
                                                                    bool asking) {
   auto op = std::make_shared<CommandOp>(executor_, std::move(argv));

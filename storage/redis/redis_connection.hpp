@@ -84,6 +84,14 @@ class RedisConnection {
   boost::asio::awaitable<boost::system::result<Reply>> execute_asking(
       std::vector<std::string> argv);
 
+  /// Sends `argv` and then `then` back-to-back on this connection (after `ASKING` when
+  /// `asking`), with nothing in between, and returns both replies. `WAIT` must follow the write
+  /// it waits for on the same connection: it counts the replication offset of this connection
+  /// only (SPEC C41). Both end within one operation_timeout. Errors and cancellation as in
+  /// execute (either command's error fails the pair).
+  boost::asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> execute_then(
+      std::vector<std::string> argv, std::vector<std::string> then, bool asking = false);
+
   /// `execute` with the arguments spelled out: `command("PEXPIRE", key, "100")`.
   template <class... Args>
   requires(std::is_constructible_v<std::string, Args&&>&&...)

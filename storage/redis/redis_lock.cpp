@@ -92,6 +92,7 @@ asio::awaitable<boost::system::result<core::Acquired>> RedisLock::acquire(
     core::Sha256 id, std::string token, std::chrono::milliseconds ttl) {
   using Result = boost::system::result<core::Acquired>;
   std::string key = key_of(id);
+  if (options_.wait_replicas > 0) co_return co_await acquire_and_wait(std::move(key), token, ttl);
   std::optional<boost::system::result<Reply>> reply;
   if (set_nx_get_) {
     std::vector<std::string> argv{"SET", key, token, "NX", "PX", millis(ttl), "GET"};
@@ -106,35 +107,48 @@ asio::awaitable<boost::system::result<core::Acquired>> RedisLock::acquire(
   }
   if (!*reply) co_return Result(boost::system::in_place_error, reply->error());
   // nil: the key was free and is ours now; a string: what holds it (not set, NX).
-  if ((*reply)->is_nil()) {
-    if (options_.wait_replicas > 0) {
-      auto waited = co_await wait_for_replicas(key, token);
-      if (!waited) co_return Result(boost::system::in_place_error, waited.error());
-    }
-    co_return core::Acquired{true, {}};
-  }
+  if ((*reply)->is_nil()) co_return core::Acquired{true, {}};
   if ((*reply)->kind == Reply::Kind::string)
     co_return core::Acquired{false, std::move((*reply)->str)};
   co_return Result(boost::system::in_place_error, store_errc::protocol);
 }
 
-asio::awaitable<boost::system::result<void>> RedisLock::wait_for_replicas(
-    const std::string& key, const std::string& token) {
-  // WAIT's own timeout ends before the command's deadline, so a slow replica is an answer
+asio::awaitable<boost::system::result<core::Acquired>> RedisLock::acquire_and_wait(
+    std::string key, std::string token, std::chrono::milliseconds ttl) {
+  using Result = boost::system::result<core::Acquired>;
+  // WAIT's own timeout ends well before the pair's deadline, so a slow replica is an answer
   // ("fewer acknowledgements"), not a torn-down connection.
   const auto timeout =
       std::max<std::chrono::milliseconds::rep>(1, options_.wait_timeout.count() * 3 / 4);
-  std::vector<std::string> wait{"WAIT", std::to_string(options_.wait_replicas),
-                                std::to_string(timeout)};
-  auto acks = co_await client_.execute(key, std::move(wait));
-  if (acks && acks->kind == Reply::Kind::integer && acks->integer >= options_.wait_replicas) {
-    co_return boost::system::result<void>{};
+  RedisClient& client = options_.acquire_client != nullptr ? *options_.acquire_client : client_;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    // WAIT counts the replication offset of its own connection: it goes right behind the write.
+    std::vector<std::string> argv =
+        set_nx_get_
+            ? std::vector<std::string>{"SET", key, token, "NX", "PX", millis(ttl), "GET"}
+            : std::vector<std::string>{"EVAL", acquire_.source, "1", key, token, millis(ttl)};
+    std::vector<std::string> wait{"WAIT", std::to_string(options_.wait_replicas),
+                                  std::to_string(timeout)};
+    auto replies = co_await client.execute_then(key, std::move(argv), std::move(wait));
+    if (!replies) co_return Result(boost::system::in_place_error, replies.error());
+    const Reply& taken = replies->first;
+    if (set_nx_get_ && taken.is_error() && taken.str.find("syntax") != std::string::npos) {
+      set_nx_get_ = false;  // Redis < 7.0: NX and GET together are a syntax error there
+      continue;
+    }
+    if (taken.kind == Reply::Kind::string) co_return core::Acquired{false, taken.str};
+    if (!taken.is_nil()) break;
+    const Reply& acks = replies->second;
+    if (acks.kind == Reply::Kind::integer && acks.integer >= options_.wait_replicas) {
+      co_return core::Acquired{true, {}};
+    }
+    // Too few replicas hold the lock: a failover now could lose it, so it does not count as
+    // taken.
+    std::vector<std::string> args{token};
+    (void)co_await run(&release_, key, std::move(args));
+    co_return Result(boost::system::in_place_error, store_errc::unavailable);
   }
-  // Too few replicas hold the lock: a failover now could lose it, so it does not count as taken.
-  std::vector<std::string> args{token};
-  (void)co_await run(&release_, key, std::move(args));
-  if (!acks && acks.error() == asio::error::operation_aborted) co_return acks.error();
-  co_return make_error_code(store_errc::unavailable);
+  co_return Result(boost::system::in_place_error, store_errc::protocol);
 }
 
 asio::awaitable<boost::system::result<bool>> RedisLock::renew(core::Sha256 id, std::string token,

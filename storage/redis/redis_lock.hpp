@@ -24,9 +24,10 @@ namespace idemgate::storage::redis {
 /// `NOSCRIPT` (after a restart, a failover or `SCRIPT FLUSH`): the script is loaded again and the
 /// command retried once. Every command touches the one lock key, so a cluster routes it whole.
 ///
-/// With `wait_replicas` N > 0 (SPEC C41), a newly taken lock is followed by `WAIT N t` (t is
-/// 3/4 of `wait_timeout`, so the reply arrives before the connection's own deadline); fewer than
-/// N acknowledgements release the lock again and `acquire` returns `unavailable`.
+/// With `wait_replicas` N > 0 (SPEC C41), the lock's write is followed on the same connection
+/// by `WAIT N t` (t is 3/4 of `wait_timeout`, so the reply arrives before the connection's own
+/// deadline; WAIT only counts its own connection's writes); fewer than N acknowledgements
+/// release the lock again and `acquire` returns `unavailable`.
 ///
 /// `ttl` is in milliseconds and must be positive. Errors as in core::LockService:
 /// `unavailable`, `timed_out` (the connection is re-opened by the next call), `protocol` (an
@@ -39,6 +40,10 @@ class RedisLock final : public core::LockService {
   struct Options {
     int wait_replicas = 0;  ///< replicas that must acknowledge a new lock (WAIT); 0: none
     std::chrono::milliseconds wait_timeout{500};  ///< normally storage.redis.operation_timeout
+    /// With wait_replicas: the client that takes locks (write + WAIT), a separate connection
+    /// from the one that renews, releases and replaces, so that a WAIT held up by a slow
+    /// replica delays only other new locks. null: the main client.
+    RedisClient* acquire_client = nullptr;
   };
 
   explicit RedisLock(RedisClient& client) : RedisLock(client, Options{}) {}
@@ -70,9 +75,10 @@ class RedisLock final : public core::LockService {
   boost::asio::awaitable<boost::system::result<bool>> run(const Script* script, std::string key,
                                                           std::vector<std::string> args);
 
-  /// After a new lock: WAIT for the replicas; on too few, releases the lock and fails.
-  boost::asio::awaitable<boost::system::result<void>> wait_for_replicas(const std::string& key,
-                                                                        const std::string& token);
+  /// acquire() with wait_replicas: the write and `WAIT` back-to-back on one connection; too few
+  /// acknowledgements release the lock again and fail as unavailable.
+  boost::asio::awaitable<boost::system::result<core::Acquired>> acquire_and_wait(
+      std::string key, std::string token, std::chrono::milliseconds ttl);
 
   RedisClient& client_;
   Options options_;

@@ -1,14 +1,18 @@
 #define BOOST_TEST_MODULE redis_connection_redis_test
 #include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "storage/redis/redis_client.hpp"
 #include "storage/redis/redis_connection.hpp"
 #include "storage/redis/redis_lock.hpp"
 #include "tests/storage/redis_test_support.hpp"
@@ -257,6 +261,80 @@ BOOST_AUTO_TEST_CASE(a_cancelled_command_reports_operation_aborted) {
   BOOST_REQUIRE(blocked.has_value());
   BOOST_REQUIRE(!blocked->has_value());
   BOOST_CHECK(blocked->error() == asio::error::operation_aborted);
+}
+
+// SPEC C41: WAIT counts only its own connection's writes, so execute_then sends the pair with
+// nothing in between and returns both replies.
+BOOST_AUTO_TEST_CASE(execute_then_returns_both_replies_of_a_back_to_back_pair) {
+  RedisConnection connection{io.get_executor(), options};
+  run([](RedisConnection* c) -> asio::awaitable<void> {
+    const auto key = random_key();
+    std::vector<std::string> set{"SET", key, "v", "PX", "60000"};
+    std::vector<std::string> get{"GET", key};
+    auto pair = co_await c->execute_then(std::move(set), std::move(get));
+    BOOST_REQUIRE(pair.has_value());
+    BOOST_CHECK(pair->first.is_status("OK"));
+    BOOST_CHECK(pair->second.str == "v");
+    std::vector<std::string> write{"SET", key, "w"};
+    std::vector<std::string> wait{"WAIT", "0", "10"};
+    auto waited = co_await c->execute_then(std::move(write), std::move(wait));
+    BOOST_REQUIRE(waited.has_value());
+    BOOST_CHECK(waited->second.kind == Reply::Kind::integer);
+  }(&connection));
+}
+
+// A sentinel that accepts and never answers: the caller doing the lookup is cancelled midway.
+// The next command must not wait on that abandoned lookup forever (it looks up again and fails
+// by its own deadline).
+BOOST_AUTO_TEST_CASE(a_cancelled_sentinel_lookup_leaves_no_command_waiting) {
+  asio::ip::tcp::acceptor silent(io, {asio::ip::address_v4::loopback(), 0});
+  std::vector<asio::ip::tcp::socket> accepted;
+  std::function<void()> accept_more = [&] {
+    silent.async_accept([&](boost::system::error_code ec, asio::ip::tcp::socket s) {
+      if (ec) return;
+      accepted.push_back(std::move(s));
+      accept_more();
+    });
+  };
+  accept_more();
+  idemgate::config::Redis sentinel_options;
+  sentinel_options.mode = idemgate::config::Redis::Mode::sentinel;
+  sentinel_options.sentinels = {{"127.0.0.1", silent.local_endpoint().port()}};
+  sentinel_options.master_name = "m";
+  sentinel_options.operation_timeout = 300ms;
+  auto client =
+      idemgate::storage::redis::make_redis_client(io.get_executor(), sentinel_options, nullptr);
+  std::optional<std::string> probed;
+  std::optional<boost::system::result<Reply>> later;
+  asio::cancellation_signal cancel;
+  asio::co_spawn(
+      io,
+      [](idemgate::storage::redis::RedisClient* c, std::optional<std::string>* out)
+          -> asio::awaitable<void> { *out = co_await c->probe(); }(client.get(), &probed),
+      asio::bind_cancellation_slot(cancel.slot(), [](std::exception_ptr) {}));
+  asio::steady_timer cancel_at(io, 50ms);
+  cancel_at.async_wait([&](boost::system::error_code) {
+    cancel.emit(asio::cancellation_type::terminal);
+    asio::co_spawn(
+        io,
+        [](idemgate::storage::redis::RedisClient* c,
+           std::optional<boost::system::result<Reply>>* out) -> asio::awaitable<void> {
+          std::vector<std::string> ping{"PING"};
+          *out = co_await c->execute(std::string{}, std::move(ping));
+        }(client.get(), &later),
+        [&](std::exception_ptr e) {
+          if (e) std::rethrow_exception(e);
+          silent.close();
+          io.stop();
+        });
+  });
+  asio::steady_timer safety(io, 10s);
+  safety.async_wait([&](boost::system::error_code ec) {
+    if (!ec) io.stop();
+  });
+  io.run();
+  BOOST_REQUIRE_MESSAGE(later.has_value(), "a command after the cancelled lookup never ended");
+  BOOST_CHECK(!later->has_value());
 }
 
 BOOST_AUTO_TEST_SUITE_END()
