@@ -7,7 +7,7 @@
 #include <boost/beast/http/fields.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
-#include <cstdlib>
+#include <charconv>
 #include <memory>
 #include <optional>
 #include <span>
@@ -203,20 +203,33 @@ RedisPtr connect_redis(const config::Redis& options, const std::string& key, std
       ReplyPtr addr(static_cast<redisReply*>(
           redisCommand(s.get(), "SENTINEL get-master-addr-by-name %b", options.master_name.data(),
                        options.master_name.size())));
-      if (!addr || addr->type != REDIS_REPLY_ARRAY || addr->elements != 2) {
-        err << "idemgate keys: sentinel "
-            << storage::redis::endpoint_text(sentinel.host, sentinel.port)
-            << " does not name a primary for " << options.master_name << "\n";
+      const std::string who = storage::redis::endpoint_text(sentinel.host, sentinel.port);
+      if (!addr || addr->type != REDIS_REPLY_ARRAY || addr->elements != 2 ||
+          addr->element[0]->type != REDIS_REPLY_STRING ||
+          addr->element[1]->type != REDIS_REPLY_STRING) {
+        err << "idemgate keys: sentinel " << who << " does not name a primary for "
+            << options.master_name;
+        if (addr && addr->type == REDIS_REPLY_ERROR)
+          err << ": " << std::string(addr->str, addr->len);
+        err << "\n";
         continue;
       }
       const std::string host(addr->element[0]->str, addr->element[0]->len);
-      const int port = std::atoi(addr->element[1]->str);
-      if (port <= 0 || port > 65535) continue;
+      const std::string_view port_text(addr->element[1]->str, addr->element[1]->len);
+      int port = 0;
+      const auto [end, ec] =
+          std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+      if (ec != std::errc{} || end != port_text.data() + port_text.size() || port <= 0 ||
+          port > 65535) {
+        err << "idemgate keys: sentinel " << who << " names a bad port '" << port_text << "'\n";
+        continue;
+      }
       RedisPtr primary = open_redis(host, static_cast<std::uint16_t>(port), options.username,
                                     options.password, options.db, options.operation_timeout, err);
       if (!primary) continue;
       ReplyPtr role(static_cast<redisReply*>(redisCommand(primary.get(), "ROLE")));
       if (role && role->type == REDIS_REPLY_ARRAY && role->elements > 0 &&
+          role->element[0]->type == REDIS_REPLY_STRING &&
           std::string_view(role->element[0]->str, role->element[0]->len) == "master") {
         return primary;
       }
@@ -243,17 +256,32 @@ RedisPtr connect_redis(const config::Redis& options, const std::string& key, std
       const std::string text(probe->str, probe->len);
       const auto space = text.rfind(' ');
       const auto colon = text.rfind(':');
+      if (text.starts_with("ASK ")) {
+        err << "idemgate keys: the key's slot is moving between cluster nodes right now; try "
+               "again when the migration is done\n";
+        return nullptr;
+      }
       if (!text.starts_with("MOVED ") || space == std::string::npos || colon == std::string::npos ||
           colon < space) {
         err << "idemgate keys: Redis cluster node " << storage::redis::endpoint_text(host, port)
             << ": " << text << "\n";
         break;
       }
-      const int moved_port = std::atoi(text.c_str() + colon + 1);
-      if (moved_port <= 0 || moved_port > 65535) break;
-      host = text.substr(space + 1, colon - space - 1);
-      if (!host.empty() && host.front() == '[') host = host.substr(1, host.size() - 2);
-      if (host.empty()) host = seed.host;
+      int moved_port = 0;
+      const auto [end, ec] =
+          std::from_chars(text.data() + colon + 1, text.data() + text.size(), moved_port);
+      if (ec != std::errc{} || end != text.data() + text.size() || moved_port <= 0 ||
+          moved_port > 65535) {
+        err << "idemgate keys: Redis cluster node " << storage::redis::endpoint_text(host, port)
+            << ": " << text << "\n";
+        break;
+      }
+      std::string moved_host = text.substr(space + 1, colon - space - 1);
+      if (moved_host.size() >= 2 && moved_host.front() == '[' && moved_host.back() == ']') {
+        moved_host = moved_host.substr(1, moved_host.size() - 2);
+      }
+      // An empty host: the node that answered (it does not know its own address).
+      if (!moved_host.empty()) host = std::move(moved_host);
       port = static_cast<std::uint16_t>(moved_port);
     }
   }
