@@ -65,9 +65,9 @@ struct Redis {
 
   Mode mode = Mode::standalone;
   std::string address = "127.0.0.1";  ///< standalone only
-  std::uint16_t port = 6379;           ///< standalone only
-  int db = 0;                          ///< standalone and sentinel (a cluster has only db 0)
-  std::string password;                ///< empty: no AUTH
+  std::uint16_t port = 6379;          ///< standalone only
+  int db = 0;                         ///< standalone and sentinel (a cluster has only db 0)
+  std::string password;               ///< empty: no AUTH
   /// Redis 6 ACL user for `AUTH username password`; empty: `AUTH password` (the default user).
   std::string username;
   /// Sentinel mode: the sentinels asked in turn for the primary of `master_name`.
