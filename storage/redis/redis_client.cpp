@@ -146,6 +146,7 @@ class SentinelClient final : public RedisClient {
     // One lookup stays within about one operation_timeout beyond the sentinel it is asking:
     // after that the command fails (C25) rather than trying sentinel after sentinel.
     const auto give_up = std::chrono::steady_clock::now() + options_.operation_timeout;
+    bool named = false;  // some sentinel answered with an address
     for (std::size_t k = 0; k < n; ++k) {
       if (k > 0 && std::chrono::steady_clock::now() >= give_up) {
         last_failure_ += " (gave up after operation_timeout)";
@@ -173,6 +174,7 @@ class SentinelClient final : public RedisClient {
         last_failure_ = "sentinel " + who + ": bad port " + port_text;
         continue;
       }
+      named = true;
       const std::string endpoint = endpoint_text(host, static_cast<std::uint16_t>(port));
       std::shared_ptr<RedisConnection> candidate = primary_;
       if (!candidate || endpoint != primary_endpoint_) {
@@ -202,6 +204,17 @@ class SentinelClient final : public RedisClient {
       last_failure_.clear();
       if (tracker_) tracker_->use({}, endpoint);
       co_return true;
+    }
+    // No sentinel answered at all (all down or unreachable) while the primary in use may be
+    // fine: keep it if it still says it is the primary. Not when a sentinel named another node:
+    // then a failover is under way and the old primary must not be written to.
+    if (!named && primary_) {
+      auto role = co_await primary_->command("ROLE");
+      if (role && role->kind == Reply::Kind::array && !role->elements.empty() &&
+          role->elements[0].str == "master") {
+        stale_ = false;
+        co_return true;
+      }
     }
     co_return false;
   }

@@ -281,6 +281,12 @@ void SentinelTopology::signal_node(std::uint16_t port, int signo) {
   throw std::logic_error("no data node listens on port " + std::to_string(port));
 }
 
+void SentinelTopology::signal_sentinels(int signo) {
+  for (auto& sentinel : sentinels_) {
+    if (sentinel->child) sentinel->child->signal(signo);
+  }
+}
+
 SentinelTopology::Clock::time_point SentinelTopology::kill_primary() {
   Node& primary = *nodes_[primary_];
   primary.child->signal(SIGKILL);

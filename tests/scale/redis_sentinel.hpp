@@ -99,6 +99,10 @@ class SentinelTopology {
   /// that stops acknowledging writes for a while.
   void signal_node(std::uint16_t port, int signo);
 
+  /// Sends `signo` to every sentinel (SIGSTOP: sentinels that accept connections but never
+  /// answer; SIGCONT resumes them).
+  void signal_sentinels(int signo);
+
   /// SIGKILLs the primary's process (no shutdown, no last replication) and returns when.
   Clock::time_point kill_primary();
 

@@ -13,6 +13,7 @@
 #include <boost/json/serialize.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
+#include <csignal>
 #include <future>
 #include <iostream>
 #include <map>
@@ -867,6 +868,37 @@ BOOST_AUTO_TEST_CASE(
   BOOST_TEST(replayed(later.response), gateway.explain(later.response));
   BOOST_TEST(later.response.body == a.response.body);
   BOOST_TEST(upstream.count("/payments") == 2u);
+}
+
+// C25 with the sentinels gone but the primary healthy: when no sentinel answers at all, the
+// gateway keeps the primary it was using once that node still says ROLE master, so keyed
+// requests go on after a dropped connection instead of failing until a sentinel returns.
+BOOST_AUTO_TEST_CASE(spec_C41_sentinels_unreachable_keep_the_primary_that_still_says_master) {
+  SentinelTopology topology;
+  PaymentService payments;
+  GatewayConfig config = sentinel_config(topology, payments, "quiet.test");
+  config.threads = 1;  // one Redis client: the one whose command times out must recover
+  Gateway gateway(config, 1);
+  warm_up(gateway, "quiet.test");
+  struct Resume {
+    SentinelTopology& topology;
+    ~Resume() { topology.signal_sentinels(SIGCONT); }
+  } resume{topology};
+  topology.signal_sentinels(SIGSTOP);
+  // A command that times out on the primary makes the gateway look the primary up again.
+  topology.signal_node(topology.primary_port(), SIGSTOP);
+  const Timed stalled = send_timed(gateway, payment_post("quiet.test", unique_name("c41-q")), 0);
+  topology.signal_node(topology.primary_port(), SIGCONT);
+  BOOST_TEST(store_unavailable(stalled.response), gateway.explain(stalled.response));
+  std::map<std::string, int> kinds;
+  const Timed t =
+      poll_until_executed(gateway, 0, "quiet.test", Clock::now() + kRecoveryDeadline, kinds);
+  BOOST_TEST(executed(t.response), "no keyed request executed while the sentinels were silent: "
+                                       << summary(kinds) << "\n"
+                                       << gateway.diagnostics());
+  BOOST_TEST(ms(t.elapsed()) <= ms(2 * kRedisTimeout + kStoreFaultSlack),
+             "the request took " << ms(t.elapsed()) << " ms");
+  BOOST_TEST(failovers(gateway, 0).value_or(-1) == 0.0, "no switch happened");
 }
 
 BOOST_AUTO_TEST_CASE(spec_C46_each_instance_counts_and_logs_the_switch_to_the_new_primary_once) {
