@@ -22,6 +22,8 @@ using core::store_errc;
 
 inline constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
 
+}  // namespace
+
 Reply copy_reply(const redisReply& r) {
   Reply out;
   switch (r.type) {
@@ -53,8 +55,6 @@ Reply copy_reply(const redisReply& r) {
   }
   return out;
 }
-
-}  // namespace
 
 /// One command from issue to completion. The issuing coroutine sleeps on `deadline`; the reply
 /// callback stores the outcome and cancels the timer, which only queues the coroutine on the

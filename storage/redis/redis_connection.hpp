@@ -17,6 +17,8 @@
 #include "gateway/config/config.hpp"
 #include "gateway/core/errors.hpp"
 
+struct redisReply;  // hiredis
+
 namespace idemgate::storage::redis {
 
 /// An owned copy of a `redisReply` (hiredis frees its own after the reply callback returns).
@@ -35,6 +37,9 @@ struct Reply {
     return kind == Kind::status && str == text;
   }
 };
+
+/// An owned copy of `reply`, arrays included (for hiredis callbacks and blocking tools alike).
+Reply copy_reply(const redisReply& reply);
 
 /// A Redis connection for one io thread: a single hiredis async context, opened lazily by the
 /// first command and re-opened by the first command after it was lost, so a Redis restart needs

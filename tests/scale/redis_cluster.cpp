@@ -33,31 +33,6 @@ std::string find_in_path(const std::string& name) {
   throw std::runtime_error(name + " not found on PATH");
 }
 
-Reply copy(const redisReply& r) {
-  Reply out;
-  switch (r.type) {
-    case REDIS_REPLY_STRING:
-    case REDIS_REPLY_STATUS:
-    case REDIS_REPLY_ERROR:
-      out.kind = r.type == REDIS_REPLY_STRING   ? Reply::Kind::string
-                 : r.type == REDIS_REPLY_STATUS ? Reply::Kind::status
-                                                : Reply::Kind::error;
-      out.str.assign(r.str, r.len);
-      break;
-    case REDIS_REPLY_INTEGER:
-      out.kind = Reply::Kind::integer;
-      out.integer = r.integer;
-      break;
-    case REDIS_REPLY_ARRAY:
-      out.kind = Reply::Kind::array;
-      for (std::size_t i = 0; i < r.elements; ++i) out.elements.push_back(copy(*r.element[i]));
-      break;
-    default:
-      break;
-  }
-  return out;
-}
-
 struct ContextDeleter {
   void operator()(redisContext* c) const { redisFree(c); }
 };
@@ -83,7 +58,7 @@ Reply sync_command(std::uint16_t port, const std::vector<std::string>& argv) {
   std::unique_ptr<redisReply, ReplyDeleter> reply(static_cast<redisReply*>(
       redisCommandArgv(c.get(), static_cast<int>(args.size()), args.data(), lengths.data())));
   if (!reply) throw std::runtime_error("redis on port " + std::to_string(port) + ": " + c->errstr);
-  return copy(*reply);
+  return storage::redis::copy_reply(*reply);
 }
 
 std::vector<storage::redis::SlotRange> slot_map(std::uint16_t port) {

@@ -39,36 +39,6 @@ std::string find_program(const std::string& name) {
   throw std::runtime_error(name + " is not on PATH (install redis-server)");
 }
 
-RedisValue decode(const redisReply& reply) {
-  RedisValue v;
-  switch (reply.type) {
-    case REDIS_REPLY_STATUS:
-      v.kind = RedisValue::Kind::status;
-      v.text.assign(reply.str, reply.len);
-      break;
-    case REDIS_REPLY_STRING:
-      v.kind = RedisValue::Kind::string;
-      v.text.assign(reply.str, reply.len);
-      break;
-    case REDIS_REPLY_ERROR:
-      v.kind = RedisValue::Kind::error;
-      v.text.assign(reply.str, reply.len);
-      break;
-    case REDIS_REPLY_INTEGER:
-      v.kind = RedisValue::Kind::integer;
-      v.integer = reply.integer;
-      break;
-    case REDIS_REPLY_ARRAY:
-      v.kind = RedisValue::Kind::array;
-      for (std::size_t i = 0; i < reply.elements; ++i)
-        v.elements.push_back(decode(*reply.element[i]));
-      break;
-    default:
-      break;
-  }
-  return v;
-}
-
 timeval to_timeval(std::chrono::milliseconds d) {
   timeval tv{};
   tv.tv_sec = static_cast<time_t>(d.count() / 1000);
@@ -80,7 +50,7 @@ timeval to_timeval(std::chrono::milliseconds d) {
 /// instance: the value of `field` in one of them ("" when absent).
 std::string instance_field(const RedisValue& instance, const std::string& field) {
   for (std::size_t i = 0; i + 1 < instance.elements.size(); i += 2) {
-    if (instance.elements[i].text == field) return instance.elements[i + 1].text;
+    if (instance.elements[i].str == field) return instance.elements[i + 1].str;
   }
   return "";
 }
@@ -88,7 +58,7 @@ std::string instance_field(const RedisValue& instance, const std::string& field)
 /// The port a `SENTINEL get-master-addr-by-name` reply names; nullopt for nil or an error.
 std::optional<std::uint16_t> named_port(const RedisValue& reply) {
   if (reply.kind != RedisValue::Kind::array || reply.elements.size() != 2) return std::nullopt;
-  return static_cast<std::uint16_t>(std::stoi(reply.elements[1].text));
+  return static_cast<std::uint16_t>(std::stoi(reply.elements[1].str));
 }
 
 /// Calls `check` every kPollInterval until it returns true; throws with `what()` and
@@ -111,24 +81,25 @@ void poll_until(Clock::duration timeout, const std::function<bool()>& check,
 
 }  // namespace
 
-std::string RedisValue::describe() const {
-  switch (kind) {
+std::string describe_reply(const RedisValue& reply) {
+  using Kind = RedisValue::Kind;
+  switch (reply.kind) {
     case Kind::nil:
       return "(nil)";
     case Kind::integer:
-      return std::to_string(integer);
+      return std::to_string(reply.integer);
     case Kind::error:
-      return "-" + text;
+      return "-" + reply.str;
     case Kind::array: {
       std::string out = "[";
-      for (std::size_t i = 0; i < elements.size(); ++i) {
+      for (std::size_t i = 0; i < reply.elements.size(); ++i) {
         if (i) out += ", ";
-        out += elements[i].describe();
+        out += describe_reply(reply.elements[i]);
       }
       return out + "]";
     }
     default:
-      return text;
+      return reply.str;
   }
 }
 
@@ -154,14 +125,14 @@ RedisValue redis_command(std::uint16_t port, const std::vector<std::string>& arg
     auto* raw = static_cast<redisReply*>(
         redisCommandArgv(context, static_cast<int>(args.size()), data.data(), lengths.data()));
     if (!raw) throw std::runtime_error("Redis at " + where + ": " + context->errstr);
-    RedisValue v = decode(*raw);
+    RedisValue v = storage::redis::copy_reply(*raw);
     freeReplyObject(raw);
     return v;
   };
   if (!password.empty()) {
     const RedisValue auth = run({"AUTH", password});
     if (auth.kind == RedisValue::Kind::error)
-      throw std::runtime_error("AUTH at " + where + ": " + auth.text);
+      throw std::runtime_error("AUTH at " + where + ": " + auth.str);
   }
   return run(argv);
 }
@@ -312,7 +283,7 @@ SentinelTopology::Clock::time_point SentinelTopology::wait_for_promotion() {
       try {
         const RedisValue role =
             redis_command(candidate, {"ROLE"}, options_.password, kProbeTimeout);
-        if (!role.elements.empty() && role.elements[0].text == "master") {
+        if (!role.elements.empty() && role.elements[0].str == "master") {
           const auto promoted = Clock::now();
           primary_ = 1 - primary_;
           return promoted;
@@ -338,7 +309,7 @@ SentinelTopology::Clock::time_point SentinelTopology::wait_until_all_sentinels_a
           if (named[i]) continue;
           const RedisValue reply =
               sentinel_command(i, {"SENTINEL", "get-master-addr-by-name", options_.master_name});
-          last = sentinels_[i]->name + " names " + reply.describe();
+          last = sentinels_[i]->name + " names " + describe_reply(reply);
           named[i] = named_port(reply) == primary_port();
         }
         return std::find(named.begin(), named.end(), false) == named.end();
@@ -437,7 +408,7 @@ void SentinelTopology::wait_until_in_sync(const Node& replica) {
   poll_until(
       e2e::kEventDeadline,
       [&] {
-        last = node_command(replica.port, {"INFO", "replication"}).text;
+        last = node_command(replica.port, {"INFO", "replication"}).str;
         return info_field(last, "master_link_status") == "up";
       },
       [&] { return replica.name + " never got in sync; INFO replication:\n" + last; },
@@ -454,11 +425,11 @@ void SentinelTopology::wait_until_sentinels_ready(std::uint16_t monitored_port, 
         [&] {
           const RedisValue master =
               sentinel_command(i, {"SENTINEL", "get-master-addr-by-name", name});
-          last = "master " + master.describe();
+          last = "master " + describe_reply(master);
           if (named_port(master) != monitored_port) return false;
           if (!full) return true;
           const RedisValue replicas = sentinel_command(i, {"SENTINEL", "replicas", name});
-          last += "; replicas " + replicas.describe();
+          last += "; replicas " + describe_reply(replicas);
           bool knows_replica = false;
           for (const auto& r : replicas.elements) {
             const std::string flags = instance_field(r, "flags");
@@ -469,7 +440,7 @@ void SentinelTopology::wait_until_sentinels_ready(std::uint16_t monitored_port, 
           }
           if (!knows_replica) return false;
           const RedisValue others = sentinel_command(i, {"SENTINEL", "sentinels", name});
-          last += "; sentinels " + others.describe();
+          last += "; sentinels " + describe_reply(others);
           return others.elements.size() == sentinels_.size() - 1;
         },
         [&] { return sentinels_[i]->name + " is not ready; last answers: " + last; },

@@ -11,22 +11,17 @@
 #include <string>
 #include <vector>
 
+#include "storage/redis/redis_connection.hpp"
 #include "tests/e2e/gateway_fixture.hpp"
 #include "tests/support/process.hpp"
 
 namespace idemgate::test::scale {
 
 /// A decoded Redis reply, nested for arrays.
-struct RedisValue {
-  enum class Kind { nil, status, string, integer, error, array };
-  Kind kind = Kind::nil;
-  std::string text;  ///< status, string and error replies
-  long long integer = 0;
-  std::vector<RedisValue> elements;
+using RedisValue = storage::redis::Reply;
 
-  /// The reply as one line for messages: arrays in brackets, errors prefixed with `-`.
-  std::string describe() const;
-};
+/// The reply as one line for messages: arrays in brackets, errors prefixed with `-`.
+std::string describe_reply(const RedisValue& reply);
 
 /// Sends one command to 127.0.0.1:`port` on a fresh connection (after `AUTH password` when
 /// `password` is not empty) and returns its reply. Connect, write and read each give up after

@@ -40,6 +40,7 @@ using namespace idemgate::test;
 using namespace idemgate::test::e2e;
 using idemgate::test::fault::LocalStores;
 using idemgate::test::ops::metric_value;
+using idemgate::test::scale::describe_reply;
 using idemgate::test::scale::RedisValue;
 using idemgate::test::scale::SentinelTopology;
 using Clock = std::chrono::steady_clock;
@@ -440,18 +441,18 @@ BOOST_AUTO_TEST_CASE(sentinel_topology_promotes_the_replica_and_takes_the_old_pr
   SentinelTopology topology;
   const auto old_primary = topology.primary_port();
   const auto old_replica = topology.replica_port();
-  BOOST_TEST(topology.node_command(old_primary, {"ROLE"}).elements.at(0).text == "master");
+  BOOST_TEST(topology.node_command(old_primary, {"ROLE"}).elements.at(0).str == "master");
 
   const auto killed = topology.kill_primary();
   const auto promoted = topology.wait_for_promotion();
   BOOST_TEST(topology.primary_port() == old_replica);
-  BOOST_TEST(topology.node_command(old_replica, {"ROLE"}).elements.at(0).text == "master");
+  BOOST_TEST(topology.node_command(old_replica, {"ROLE"}).elements.at(0).str == "master");
 
   const auto agreed = topology.wait_until_all_sentinels_agree();
   topology.restart_old_primary();
   const RedisValue role = topology.node_command(old_primary, {"ROLE"});
-  BOOST_TEST(role.elements.at(0).text == "slave", role.describe());
-  BOOST_TEST(role.elements.at(2).integer == old_replica, role.describe());
+  BOOST_TEST(role.elements.at(0).str == "slave", describe_reply(role));
+  BOOST_TEST(role.elements.at(2).integer == old_replica, describe_reply(role));
   std::cout << "figures scenario=sentinel_topology kill_to_promotion_ms=" << ms(promoted - killed)
             << " promotion_to_all_sentinels_ms=" << ms(agreed - promoted) << std::endl;
 }
@@ -687,7 +688,7 @@ BOOST_AUTO_TEST_CASE(spec_C41_sentinels_naming_a_replica_get_no_lock_command_and
   PaymentService payments;
   const std::uint16_t named = topology.replica_port();
   const auto keys_before = topology.node_command(named, {"DBSIZE"}).integer;
-  const auto commands_before = topology.node_command(named, {"INFO", "commandstats"}).text;
+  const auto commands_before = topology.node_command(named, {"INFO", "commandstats"}).str;
   const auto posts = payments.counter("payment_posts");
 
   Gateway gateway(sentinel_config(topology, payments, "replica.test"), 1);
@@ -732,7 +733,7 @@ BOOST_AUTO_TEST_CASE(spec_C41_sentinels_naming_a_replica_get_no_lock_command_and
                                           "hello", "publish", "subscribe", "replconf", "quit",
                                           "echo",  "command", "client"};
   const auto before = totals(commands_before);
-  const auto after = totals(topology.node_command(named, {"INFO", "commandstats"}).text);
+  const auto after = totals(topology.node_command(named, {"INFO", "commandstats"}).str);
   std::vector<std::string> sent;
   for (const auto& [name, total] : after) {
     const std::string base = name.substr(0, name.find('|'));
@@ -835,8 +836,8 @@ BOOST_AUTO_TEST_CASE(
   const auto locks = topology.node_command(topology.primary_port(), {"KEYS", "idemgate:lock:*"});
   BOOST_REQUIRE(locks.kind == RedisValue::Kind::array);
   BOOST_TEST_REQUIRE(locks.elements.size() == 1u,
-                     "the promoted replica should hold the lock: " << locks.describe());
-  topology.node_command(topology.primary_port(), {"DEL", locks.elements[0].text});
+                     "the promoted replica should hold the lock: " << describe_reply(locks));
+  topology.node_command(topology.primary_port(), {"DEL", locks.elements[0].str});
 
   // The retry through the other instance: 503 until that instance found the new primary, then
   // it takes the (lost) lock and executes.
