@@ -13,6 +13,7 @@
 #include "gateway/admin/admin_server.hpp"
 #include "gateway/cleaner.hpp"
 #include "gateway/config/config_loader.hpp"
+#include "gateway/core/primary_tracker.hpp"
 #include "gateway/http/json_log.hpp"
 #include "gateway/http/server.hpp"
 #include "gateway/http/upstream_pool.hpp"
@@ -67,7 +68,7 @@ core::FilterEvents filter_events(Metrics& metrics) {
 class ThreadHandler final : public http::RequestHandler {
  public:
   ThreadHandler(asio::io_context& io, const config::Config& config, Metrics& metrics,
-                std::shared_ptr<storage::redis::PrimaryTracker> redis_primary)
+                std::shared_ptr<core::PrimaryTracker> redis_primary)
       : pool_(io.get_executor(), pool_options(config)),
         store_(pool_, io.get_executor(), storage::pg::PgRecordStore::with_group_commit()),
         timed_store_(store_, metrics),
@@ -180,7 +181,7 @@ int run_gateway(const std::string& config_path, bool migrate) {
   };
 
   // One per process: a Redis primary switch is counted and logged once, not once per thread.
-  auto redis_primary = std::make_shared<storage::redis::PrimaryTracker>(
+  auto redis_primary = std::make_shared<core::PrimaryTracker>(
       [&metrics](const std::string& from, const std::string& to) {
         metrics.count_store_failover("redis");
         log_json(spdlog::level::warn, "store failover",

@@ -168,7 +168,7 @@ asio::awaitable<void> accept_loop(tcp::acceptor* acceptor, Stores stores,
 }  // namespace
 
 AdminServer::AdminServer(const config::Config& config, MetricsText metrics_text,
-                         std::shared_ptr<storage::redis::PrimaryTracker> redis_primary)
+                         std::shared_ptr<core::PrimaryTracker> redis_primary)
     : acceptor_(io_), metrics_text_(std::move(metrics_text)), address_(config.admin.address) {
   storage::pg::PgPool::Options pg_options;
   pg_options.dsn = config.storage.postgres.dsn;
