@@ -117,6 +117,7 @@ asio::awaitable<boost::system::result<PgPool::Lease>> PgPool::acquire(Deadline d
                                                        pool->options.prepared_statements));
       auto connected = co_await lease->connect(deadline);
       if (!connected) co_return connected.error();
+      if (pool->options.tracker) pool->options.tracker->use({}, lease->server_address());
       co_return lease;
     }
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gateway/core/primary_tracker.hpp"
 #include "storage/pg/pg_connection.hpp"
 
 namespace idemgate::storage::pg {
@@ -16,8 +17,11 @@ namespace idemgate::storage::pg {
 /// Up to `max_connections` PgConnections for one io thread. Connections are opened lazily, on
 /// demand; an idle connection is checked (PgConnection::probe_idle) before it is handed out, and a
 /// broken one, or one whose user stopped waiting mid-statement, is discarded and its slot freed,
-/// so the pool reconnects by itself after a Postgres restart (SPEC C25). When every slot is in
-/// use, acquire() waits for a returned connection until its deadline.
+/// so the pool reconnects by itself after a Postgres restart or failover (SPEC C25, C43). When
+/// every slot is in use, acquire() waits for a returned connection until its deadline.
+///
+/// Each successful connect reports the server it reached (`host:port`) to Options::tracker, so
+/// a move to another host counts as a failover (SPEC C46).
 ///
 /// @par Thread safety
 /// None: one pool per io_context, used only from that io_context's thread. Leases may outlive
@@ -34,6 +38,9 @@ class PgPool {
     /// false: unnamed statements only and no session state (SPEC C44, PgBouncer transaction
     /// pooling); see PgConnection.
     bool prepared_statements = true;
+    /// Told the server of each new connection (may be null): the process's tracker of the
+    /// Postgres host in use, shared by its pools (SPEC C46).
+    std::shared_ptr<core::PrimaryTracker> tracker = nullptr;
   };
 
   /// A connection on loan. Destroying the lease gives the connection back, or discards it when

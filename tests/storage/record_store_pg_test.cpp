@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gateway/core/errors.hpp"
+#include "gateway/core/primary_tracker.hpp"
 #include "storage/pg/migrations.hpp"
 #include "storage/pg/pg_connection.hpp"
 #include "storage/pg/pg_pool.hpp"
@@ -294,6 +295,36 @@ BOOST_AUTO_TEST_CASE(spec_C25_unreachable_server_reports_unavailable) {
   BOOST_TEST_REQUIRE(!found.has_value());
   BOOST_TEST(found.error() == code(store_errc::unavailable));
   BOOST_TEST(pool.open_connections() == 0u);
+}
+
+// SPEC C46: each new connection reports the server it reached to the pool's tracker. The tracker
+// here has seen another host before, so the first connection is a switch and the second, to the
+// same server, is not.
+BOOST_AUTO_TEST_CASE(spec_C46_new_connections_report_their_server_to_the_tracker) {
+  boost::asio::io_context io;
+  std::vector<std::string> switched;
+  auto tracker = std::make_shared<idemgate::core::PrimaryTracker>(
+      [&](const std::string& from, const std::string& to) { switched.push_back(from + ">" + to); });
+  PgPool::Options options{pg_dsn(), 2, 5s, {}};
+  options.tracker = tracker;
+  PgPool pool(io.get_executor(), options);
+  tracker->use({}, "198.51.100.1:5432");  // as if another pool had used another host
+
+  auto a = run_to_completion(io, take(&pool));
+  auto b = run_to_completion(io, take(&pool));
+  BOOST_TEST_REQUIRE((a && b));
+  auto port = run_to_completion(io, (*a)->query("SELECT inet_server_port()", {}, soon()));
+  BOOST_TEST_REQUIRE(port.has_value(), (*a)->last_error());
+  const std::string address = (*a)->server_address();
+  BOOST_TEST(address == (*b)->server_address());
+  // The port as the server sees it (NULL over a Unix socket, which the DSN may name too).
+  if (!port->is_null(0, 0)) {
+    BOOST_TEST(address.ends_with(":" + std::to_string(port->int4(0, 0).value())), address);
+  }
+  BOOST_TEST(address.find(':') > 0u, address);
+  BOOST_TEST(tracker->switches() == 1u);
+  BOOST_TEST(switched == std::vector<std::string>{"198.51.100.1:5432>" + address},
+             boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(pool_acquire_times_out_while_every_connection_is_in_use) {
