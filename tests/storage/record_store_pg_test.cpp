@@ -111,6 +111,12 @@ asio::awaitable<boost::system::error_code> acquire_error(PgPool* pool) {
   co_return lease ? boost::system::error_code{} : lease.error();
 }
 
+asio::awaitable<boost::system::error_code> acquire_error_by(PgPool* pool,
+                                                            storage::pg::Deadline deadline) {
+  auto lease = co_await pool->acquire(deadline);
+  co_return lease ? boost::system::error_code{} : lease.error();
+}
+
 asio::awaitable<int> acquire_pid(PgPool* pool) {
   auto lease = co_await pool->acquire(pool->deadline());
   co_return lease ? (*lease)->backend_pid() : -1;
@@ -297,6 +303,47 @@ BOOST_AUTO_TEST_CASE(spec_C25_unreachable_server_reports_unavailable) {
   BOOST_TEST(pool.open_connections() == 0u);
 }
 
+// SPEC C25: while connecting fails, a pool sends one connect attempt at a time, not one per
+// waiting caller. This server accepts TCP connections and never answers, so each attempt lasts
+// until its deadline: the callers that arrive meanwhile wait for that one attempt and fail with
+// it, by their own deadline.
+BOOST_AUTO_TEST_CASE(spec_C25_a_failing_store_gets_one_connect_attempt_at_a_time) {
+  boost::asio::io_context io;
+  // Listens (the kernel completes the handshakes) but never accepts.
+  boost::asio::ip::tcp::acceptor silent(io, {boost::asio::ip::address_v4::loopback(), 0});
+  const auto port = silent.local_endpoint().port();
+  PgPool pool(io.get_executor(),
+              {"postgresql://idem@127.0.0.1:" + std::to_string(port) + "/idem", 8, 300ms, {}});
+
+  BOOST_TEST(run_to_completion(io, acquire_error(&pool)) == code(store_errc::timed_out));
+  BOOST_TEST_REQUIRE(pool.connect_attempts() == 1u);
+
+  const auto started = std::chrono::steady_clock::now();
+  const auto deadline = started + 300ms;
+  std::vector<boost::system::error_code> errors;
+  for (int i = 0; i < 8; ++i) {
+    boost::asio::co_spawn(io, acquire_error_by(&pool, deadline),
+                          [&](std::exception_ptr e, boost::system::error_code ec) {
+                            if (e) std::rethrow_exception(e);
+                            errors.push_back(ec);
+                          });
+  }
+  io.restart();
+  io.run();
+  const auto took = std::chrono::steady_clock::now() - started;
+  BOOST_TEST(errors.size() == 8u);
+  for (const auto& ec : errors) {
+    BOOST_TEST((ec == code(store_errc::unavailable) || ec == code(store_errc::timed_out)),
+               ec.message());
+  }
+  BOOST_TEST(pool.connect_attempts() == 2u,
+             "eight callers made " << pool.connect_attempts() - 1 << " attempts");
+  BOOST_TEST(pool.open_connections() == 0u);
+  BOOST_TEST_MESSAGE("eight callers ended after "
+                     << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                     << " ms");
+}
+
 // SPEC C46: each new connection reports the server it reached to the pool's tracker. The tracker
 // here has seen another host before, so the first connection is a switch and the second, to the
 // same server, is not.
@@ -313,6 +360,7 @@ BOOST_AUTO_TEST_CASE(spec_C46_new_connections_report_their_server_to_the_tracker
   auto a = run_to_completion(io, take(&pool));
   auto b = run_to_completion(io, take(&pool));
   BOOST_TEST_REQUIRE((a && b));
+  BOOST_TEST(pool.connect_attempts() == 2u);
   auto port = run_to_completion(io, (*a)->query("SELECT inet_server_port()", {}, soon()));
   BOOST_TEST_REQUIRE(port.has_value(), (*a)->last_error());
   const std::string address = (*a)->server_address();
