@@ -154,20 +154,19 @@ boost::system::result<TableState> inspect(PGconn* conn, int partitions) {
 boost::system::result<std::int64_t> convert(PGconn* conn, const TableState& state, int partitions) {
   const std::string table = state.schema + ".idempotency_record";
   const std::string old_table = state.schema + ".idempotency_record_unpartitioned";
-  // The old table's index names go aside first: LIKE names the new ones after the new table,
-  // and those must be the names migration 001 gave (later migrations may refer to them).
-  std::string sql =
-      "LOCK TABLE " + table + " IN ACCESS EXCLUSIVE MODE;" + "ALTER TABLE " + table +
-      " RENAME TO idempotency_record_unpartitioned;" + "ALTER INDEX IF EXISTS " + state.schema +
-      ".idempotency_record_pkey RENAME TO idempotency_record_unpartitioned_pkey;" +
-      "ALTER INDEX IF EXISTS " + state.schema +
-      ".idempotency_record_expires_at_idx"
-      " RENAME TO idempotency_record_unpartitioned_expires_at_idx;" +
-      // INCLUDING ALL: columns, defaults, CHECKs, the primary key (it holds the
-      // partition key id, so Postgres keeps it unique across partitions and ON
-      // CONFLICT (id) arbitrates as before) and every index; a partition created
-      // below gets its own copy of each index.
-      "CREATE TABLE " + table + " (LIKE " + old_table + " INCLUDING ALL) PARTITION BY HASH (id);";
+  std::string sql = "LOCK TABLE " + table + " IN ACCESS EXCLUSIVE MODE;";
+  sql += "ALTER TABLE " + table + " RENAME TO idempotency_record_unpartitioned;";
+  // The old index names go aside first: LIKE names the new indexes after the new table, and
+  // they must keep the names migration 001 gave (later migrations may refer to them).
+  sql += "ALTER INDEX IF EXISTS " + state.schema + ".idempotency_record_pkey";
+  sql += " RENAME TO idempotency_record_unpartitioned_pkey;";
+  sql += "ALTER INDEX IF EXISTS " + state.schema + ".idempotency_record_expires_at_idx";
+  sql += " RENAME TO idempotency_record_unpartitioned_expires_at_idx;";
+  // INCLUDING ALL: columns, defaults, CHECKs, the primary key (it holds the partition key id,
+  // so Postgres keeps id unique across partitions and ON CONFLICT (id) arbitrates as before)
+  // and every index; each partition created below gets its own copy of each index.
+  sql += "CREATE TABLE " + table + " (LIKE " + old_table + " INCLUDING ALL)";
+  sql += " PARTITION BY HASH (id);";
   const std::string modulus = std::to_string(partitions);
   for (int i = 0; i < partitions; ++i) {
     const std::string remainder = std::to_string(i);
