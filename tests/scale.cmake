@@ -40,3 +40,12 @@ idemgate_test(haproxy_scale_e2e_test scale
 # stores must not share the machine's two cores with other store suites.
 add_dependencies(haproxy_scale_e2e_test idemgate payment-service)
 set_tests_properties(haproxy_scale_e2e_test PROPERTIES RUN_SERIAL TRUE)
+
+# idempotency_record hash-partitioned by id (`idemgate migrate --partitions N`): the RecordStore
+# contract suite on a converted table, the cleaner per partition, the migration's own cases and
+# the gateway across a conversion, on a private Postgres and Redis (scripts/local-stores).
+idemgate_test(pg_partitions_scale_e2e_test scale
+  SOURCES scale/pg_partitions_scale_e2e_test.cpp fault/local_stores.cpp
+  LIBS idemgate_e2e_fixture idemgate_app)
+# The test starts both binaries; build them with it.
+add_dependencies(pg_partitions_scale_e2e_test idemgate payment-service)
