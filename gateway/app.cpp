@@ -152,6 +152,56 @@ bool run_migrations(const std::shared_ptr<const config::Config>& config) {
   return false;
 }
 
+int run_partition_migration(const std::shared_ptr<const config::Config>& config, int partitions) {
+  using Outcome = storage::pg::PartitionReport::Outcome;
+  boost::system::result<storage::pg::PartitionReport> report = core::store_errc::unavailable;
+  // As run_migrations, retried while the database cannot be reached; any other failure has
+  // been rolled back and would fail again.
+  for (int attempt = 1; attempt <= 10; ++attempt) {
+    report = storage::pg::partition_records(config->storage.postgres.dsn, partitions);
+    if (report || report.error() != core::store_errc::unavailable) break;
+    log_json(spdlog::level::warn, "migrations failed; retrying",
+             {{"attempt", attempt}, {"error", report.error().message()}});
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  if (!report) {
+    log_json(spdlog::level::err, "could not partition idempotency_record",
+             {{"error", report.error().message()}});
+    return kExitRuntime;
+  }
+  switch (report->outcome) {
+    case Outcome::converted:
+      log_json(spdlog::level::info, "idempotency_record converted to hash partitions",
+               {{"applied", report->migrations_applied},
+                {"partitions", partitions},
+                {"rows_moved", report->rows_moved}});
+      return kExitOk;
+    case Outcome::unchanged:
+      log_json(spdlog::level::info,
+               "idempotency_record is already hash-partitioned by id into " +
+                   std::to_string(partitions) + " partitions; nothing to do",
+               {{"applied", report->migrations_applied}, {"partitions", partitions}});
+      return kExitOk;
+    case Outcome::refused:
+      break;
+  }
+  const std::string found = report->existing_key == "HASH (id)"
+                                ? "hash-partitioned by id into " +
+                                      std::to_string(report->existing_partitions) + " partitions"
+                                : "partitioned by " + report->existing_key + " (" +
+                                      std::to_string(report->existing_partitions) + " partitions)";
+  log_json(spdlog::level::err,
+           "idempotency_record is already " + found + "; converting it to " +
+               std::to_string(partitions) +
+               " hash partitions is not supported in place: the partition count is fixed once "
+               "converted (run migrate with the current count, or rebuild the table by hand)",
+           {{"applied", report->migrations_applied},
+            {"partitions", partitions},
+            {"existing_partitions", report->existing_partitions},
+            {"existing_key", report->existing_key}});
+  return kExitRuntime;
+}
+
 int run_gateway(const std::string& config_path, bool migrate) {
   setup_logging();
   std::shared_ptr<const config::Config> config;

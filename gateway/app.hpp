@@ -15,6 +15,13 @@ void setup_logging();
 /// Logs the outcome; false on failure.
 bool run_migrations(const std::shared_ptr<const config::Config>& config);
 
+/// `idemgate migrate --partitions N`: applies pending migrations, then converts
+/// `idempotency_record` into N hash partitions by id (storage::pg::partition_records; blocking).
+/// Logs the outcome. Returns the exit status: 0 converted, or already N hash partitions (a
+/// no-op); 1 when the table is partitioned some other way (N cannot change in place) or the
+/// database failed. Precondition: N in storage::pg::kMinRecordPartitions..kMaxRecordPartitions.
+int run_partition_migration(const std::shared_ptr<const config::Config>& config, int partitions);
+
 /// Runs the gateway in the foreground until SIGTERM/SIGINT (SPEC §1): loads `config_path`,
 /// applies migrations when `migrate`, serves on config.threads io threads, reloads on SIGHUP
 /// (an invalid file is logged and the running configuration kept), drains on stop.

@@ -1,8 +1,9 @@
 #pragma once
 // Deletes expired idempotency records in the background (SPEC C24): every `cleanup.interval`,
 // batches of `cleanup.batch` rows, each batch its own short statement (no long locks; rows being
-// replaced right now are skipped). Expired rows are already invisible to lookups, so the cleaner
-// only bounds the table's size.
+// replaced right now are skipped). Once `idemgate migrate --partitions N` has hash-partitioned
+// the table, each round works partition by partition, each batch a statement on one partition.
+// Expired rows are already invisible to lookups, so the cleaner only bounds the table's size.
 
 #include <atomic>
 #include <boost/asio/io_context.hpp>

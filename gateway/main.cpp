@@ -11,6 +11,7 @@
 #include "gateway/app.hpp"
 #include "gateway/config/config_loader.hpp"
 #include "gateway/version.hpp"
+#include "storage/pg/migrations.hpp"
 
 namespace po = boost::program_options;
 
@@ -23,7 +24,12 @@ constexpr int kExitUsage = 2;
 constexpr const char* kUsage = R"(usage:
   idemgate --config FILE [--no-migrate]   run the gateway in the foreground
   idemgate check-config FILE              validate a configuration file
-  idemgate migrate --config FILE          apply the Postgres schema migrations and exit
+  idemgate migrate --config FILE [--partitions N]
+                                          apply the Postgres schema migrations and exit; with
+                                          --partitions N (2-1024), then convert idempotency_record
+                                          into N hash partitions by id, moving its rows (an
+                                          exclusive lock for the copy's duration). Opt-in, once:
+                                          the same N again does nothing, another N is refused
   idemgate keys show --config FILE --route NAME [--scope-header 'Name: value']... KEY...
                                           print the stored record for a key (exit 1: not found)
   idemgate keys purge --config FILE --route NAME [--scope-header 'Name: value']... KEY...
@@ -42,6 +48,7 @@ int main(int argc, char** argv) {
   po::options_description options("options");
   options.add_options()("config,c", po::value<std::string>(), "configuration file (YAML)")(
       "no-migrate", "do not apply pending schema migrations at start")(
+      "partitions", po::value<int>(), "migrate: hash-partition idempotency_record into N")(
       "version", "print the version")("help,h", "print this help")(
       "route", po::value<std::string>(), "keys: the route whose record to look at")(
       "scope-header", po::value<std::vector<std::string>>()->composing(),
@@ -70,6 +77,10 @@ int main(int argc, char** argv) {
 
   const auto command = vm.count("command") ? vm["command"].as<std::vector<std::string>>()
                                            : std::vector<std::string>{};
+  if (vm.count("partitions") && (command.empty() || command[0] != "migrate")) {
+    std::cerr << "idemgate: --partitions applies to migrate only\n" << kUsage;
+    return kExitUsage;
+  }
   try {
     if (!command.empty() && command[0] == "check-config") {
       if (command.size() != 2) {
@@ -88,11 +99,21 @@ int main(int argc, char** argv) {
     const std::string path = vm["config"].as<std::string>();
     if (!command.empty() && command[0] == "migrate") {
       if (command.size() != 1) {
-        std::cerr << "idemgate: migrate takes no arguments besides --config\n" << kUsage;
+        std::cerr << "idemgate: migrate takes no arguments besides --config and --partitions\n"
+                  << kUsage;
+        return kExitUsage;
+      }
+      const int partitions = vm.count("partitions") ? vm["partitions"].as<int>() : 0;
+      if (vm.count("partitions") && (partitions < idemgate::storage::pg::kMinRecordPartitions ||
+                                     partitions > idemgate::storage::pg::kMaxRecordPartitions)) {
+        std::cerr << "idemgate: --partitions takes N from "
+                  << idemgate::storage::pg::kMinRecordPartitions << " to "
+                  << idemgate::storage::pg::kMaxRecordPartitions << ", not " << partitions << "\n";
         return kExitUsage;
       }
       const auto config = idemgate::config::load_config(path);
       idemgate::setup_logging();
+      if (partitions > 0) return idemgate::run_partition_migration(config, partitions);
       return idemgate::run_migrations(config) ? kExitOk : kExitRuntime;
     }
     if (!command.empty() && command[0] == "keys") {

@@ -31,6 +31,25 @@ idemgate_test(redis_sentinel_scale_e2e_test scale
 add_dependencies(redis_sentinel_scale_e2e_test idemgate payment-service)
 set_tests_properties(redis_sentinel_scale_e2e_test PROPERTIES RUN_SERIAL TRUE)
 
+# Three gateways behind a real HAProxy (`mode tcp`, health check on /readyz, SPEC C45) on a
+# private Postgres and Redis (scripts/local-stores): the storm, a drain and a SIGKILL under load.
+idemgate_test(haproxy_scale_e2e_test scale
+  SOURCES scale/haproxy_scale_e2e_test.cpp scale/haproxy.cpp fault/local_stores.cpp
+  LIBS idemgate_e2e_fixture idemgate_ops_support)
+# The test starts both binaries; build them with it. Three gateways, the balancer and the private
+# stores must not share the machine's two cores with other store suites.
+add_dependencies(haproxy_scale_e2e_test idemgate payment-service)
+set_tests_properties(haproxy_scale_e2e_test PROPERTIES RUN_SERIAL TRUE)
+
+# idempotency_record hash-partitioned by id (`idemgate migrate --partitions N`): the RecordStore
+# contract suite on a converted table, the cleaner per partition, the migration's own cases and
+# the gateway across a conversion, on a private Postgres and Redis (scripts/local-stores).
+idemgate_test(pg_partitions_scale_e2e_test scale
+  SOURCES scale/pg_partitions_scale_e2e_test.cpp fault/local_stores.cpp
+  LIBS idemgate_e2e_fixture idemgate_app)
+# The test starts both binaries; build them with it.
+add_dependencies(pg_partitions_scale_e2e_test idemgate payment-service)
+
 # The real gateway over a Postgres primary and its synchronous standby that this binary starts,
 # SIGKILLs and promotes under keyed load (the gateway's DSN names both hosts); Redis and the
 # payment service's database come from scripts/local-stores.

@@ -5,7 +5,9 @@
 
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "storage/pg/embedded_migrations.hpp"
 
@@ -39,11 +41,14 @@ void forward_notice(void*, const char* message) {
 }
 
 // Runs `sql` (several statements allowed when there are no parameters) and checks its status.
+// Parameters go as text.
 boost::system::result<Result> run(PGconn* conn, const char* what, const char* sql,
-                                  const std::string* param = nullptr) {
-  const char* values[] = {param ? param->c_str() : nullptr};
-  Result result(param ? PQexecParams(conn, sql, 1, nullptr, values, nullptr, nullptr, 0)
-                      : PQexec(conn, sql));
+                                  const std::vector<std::string>& params = {}) {
+  std::vector<const char*> values;
+  for (const auto& param : params) values.push_back(param.c_str());
+  Result result(params.empty() ? PQexec(conn, sql)
+                               : PQexecParams(conn, sql, static_cast<int>(values.size()), nullptr,
+                                              values.data(), nullptr, nullptr, 0));
   const ExecStatusType status = result ? PQresultStatus(result.get()) : PGRES_FATAL_ERROR;
   if (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK) return result;
   const char* message = result ? PQresultErrorMessage(result.get()) : PQerrorMessage(conn);
@@ -75,7 +80,7 @@ boost::system::result<int> apply_pending(PGconn* conn) {
     auto step = run(conn, migration.name.data(), sql.c_str());
     if (step) {
       step = run(conn, "recording the migration",
-                 "INSERT INTO schema_migrations (version) VALUES ($1::int4)", &version);
+                 "INSERT INTO schema_migrations (version) VALUES ($1::int4)", {version});
     }
     if (step) step = run(conn, "COMMIT", "COMMIT");
     if (!step) {
@@ -88,13 +93,147 @@ boost::system::result<int> apply_pending(PGconn* conn) {
   return applied;
 }
 
-}  // namespace
+// The table as the catalog sees it. partitioned: relkind 'p'; key: pg_get_partkeydef, e.g.
+// `HASH (id)`; partitions: direct children; matching: children whose bound is modulus $1.
+constexpr const char* kInspectRecords =
+    "SELECT c.oid, quote_ident(n.nspname), c.relkind = 'p',"
+    " coalesce(pg_get_partkeydef(c.oid), ''),"
+    " (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = c.oid),"
+    " (SELECT count(*) FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhrelid"
+    "   WHERE i.inhparent = c.oid AND pg_get_expr(p.relpartbound, p.oid)"
+    "     LIKE 'FOR VALUES WITH (modulus ' || $1 || ', remainder %')"
+    " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE c.oid = to_regclass('idempotency_record')";
 
-std::span<const Migration> embedded_migrations() noexcept {
-  return detail::kEmbeddedMigrations;
+// The statements that give the new parent ($2) and each of its partitions the owner and grants
+// of the old table ($1), as psql's \gexec would run them: a table created here belongs to
+// whoever runs the migration, which need not be the role the gateways use.
+constexpr const char* kCopyOwnerAndGrants =
+    "WITH targets AS ("
+    "  SELECT $2::oid AS rel UNION ALL SELECT inhrelid FROM pg_inherits WHERE inhparent = $2::oid),"
+    " old AS (SELECT relowner, relacl FROM pg_class WHERE oid = $1::oid)"
+    " SELECT format('ALTER TABLE %s OWNER TO %I', t.rel::regclass, pg_get_userbyid(old.relowner))"
+    " FROM targets t, old"
+    " WHERE old.relowner <> (SELECT relowner FROM pg_class WHERE oid = t.rel)"
+    " UNION ALL"
+    " SELECT format('GRANT %s ON TABLE %s TO %s%s', a.privilege_type, t.rel::regclass,"
+    "   CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(a.grantee)) END,"
+    "   CASE WHEN a.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END)"
+    " FROM targets t, old, aclexplode(old.relacl) a"
+    " WHERE a.grantee <> old.relowner";
+
+struct TableState {
+  std::string oid;
+  std::string schema;  // quoted
+  bool partitioned = false;
+  std::string key;
+  int partitions = 0;
+  int matching = 0;  // partitions whose bound has modulus N
+};
+
+boost::system::result<TableState> inspect(PGconn* conn, int partitions) {
+  auto rows = run(conn, "reading idempotency_record from the catalog", kInspectRecords,
+                  {std::to_string(partitions)});
+  if (!rows) return rows.error();
+  if (PQntuples(rows->get()) != 1) {
+    spdlog::error("migrations: idempotency_record not found on the search_path");
+    return store_errc::protocol;
+  }
+  PGresult* r = rows->get();
+  TableState state;
+  state.oid = PQgetvalue(r, 0, 0);
+  state.schema = PQgetvalue(r, 0, 1);
+  state.partitioned = PQgetvalue(r, 0, 2) == std::string_view("t");
+  state.key = PQgetvalue(r, 0, 3);
+  state.partitions = std::stoi(PQgetvalue(r, 0, 4));
+  state.matching = std::stoi(PQgetvalue(r, 0, 5));
+  return state;
 }
 
-boost::system::result<int> apply_migrations(std::string_view dsn) {
+// The conversion of a plain table, inside the caller's transaction. Returns the rows moved.
+boost::system::result<std::int64_t> convert(PGconn* conn, const TableState& state, int partitions) {
+  const std::string table = state.schema + ".idempotency_record";
+  const std::string old_table = state.schema + ".idempotency_record_unpartitioned";
+  std::string sql = "LOCK TABLE " + table + " IN ACCESS EXCLUSIVE MODE;";
+  sql += "ALTER TABLE " + table + " RENAME TO idempotency_record_unpartitioned;";
+  // The old index names go aside first: LIKE names the new indexes after the new table, and
+  // they must keep the names migration 001 gave (later migrations may refer to them).
+  sql += "ALTER INDEX IF EXISTS " + state.schema + ".idempotency_record_pkey";
+  sql += " RENAME TO idempotency_record_unpartitioned_pkey;";
+  sql += "ALTER INDEX IF EXISTS " + state.schema + ".idempotency_record_expires_at_idx";
+  sql += " RENAME TO idempotency_record_unpartitioned_expires_at_idx;";
+  // INCLUDING ALL: columns, defaults, CHECKs, the primary key (it holds the partition key id,
+  // so Postgres keeps id unique across partitions and ON CONFLICT (id) arbitrates as before)
+  // and every index; each partition created below gets its own copy of each index.
+  sql += "CREATE TABLE " + table + " (LIKE " + old_table + " INCLUDING ALL)";
+  sql += " PARTITION BY HASH (id);";
+  const std::string modulus = std::to_string(partitions);
+  for (int i = 0; i < partitions; ++i) {
+    const std::string remainder = std::to_string(i);
+    sql += "CREATE TABLE " + table + "_p" + remainder + " PARTITION OF " + table +
+           " FOR VALUES WITH (modulus " + modulus + ", remainder " + remainder + ");";
+  }
+  auto created = run(conn, "creating the partitions", sql.c_str());
+  if (!created) return created.error();
+
+  auto new_oid = run(conn, "reading the new table's oid", "SELECT $1::regclass::oid", {table});
+  if (!new_oid) return new_oid.error();
+  auto grants = run(conn, "reading the old table's owner and grants", kCopyOwnerAndGrants,
+                    {state.oid, PQgetvalue(new_oid->get(), 0, 0)});
+  if (!grants) return grants.error();
+  for (int i = 0; i < PQntuples(grants->get()); ++i) {
+    auto granted = run(conn, "copying the owner and grants", PQgetvalue(grants->get(), i, 0));
+    if (!granted) return granted.error();
+  }
+
+  // SELECT * matches: LIKE copied the columns in order.
+  auto moved =
+      run(conn, "moving the rows",
+          ("INSERT INTO " + table + " SELECT * FROM " + old_table + " WHERE expires_at > now()")
+              .c_str());
+  if (!moved) return moved.error();
+  const std::int64_t rows = std::stoll(PQcmdTuples(moved->get()));
+  auto dropped = run(conn, "dropping the old table", ("DROP TABLE " + old_table).c_str());
+  if (!dropped) return dropped.error();
+  return rows;
+}
+
+boost::system::result<PartitionReport> partition_locked(PGconn* conn, int partitions) {
+  PartitionReport report;
+  auto applied = apply_pending(conn);
+  if (!applied) return applied.error();
+  report.migrations_applied = *applied;
+
+  auto began = run(conn, "BEGIN", "BEGIN");
+  if (!began) return began.error();
+  auto finish = [&](boost::system::result<PartitionReport> outcome) {
+    Result end(PQexec(conn, outcome ? "COMMIT" : "ROLLBACK"));
+    if (outcome && (!end || PQresultStatus(end.get()) != PGRES_COMMAND_OK)) {
+      spdlog::error("migrations: COMMIT failed: {}", trimmed(PQerrorMessage(conn)));
+      return boost::system::result<PartitionReport>(
+          PQstatus(conn) == CONNECTION_BAD ? store_errc::unavailable : store_errc::protocol);
+    }
+    return outcome;
+  };
+  auto state = inspect(conn, partitions);
+  if (!state) return finish(state.error());
+  report.existing_partitions = state->partitions;
+  report.existing_key = state->key;
+  if (state->partitioned) {
+    const bool same = state->key == "HASH (id)" && state->partitions == partitions &&
+                      state->matching == partitions;
+    report.outcome = same ? PartitionReport::Outcome::unchanged : PartitionReport::Outcome::refused;
+    return finish(report);
+  }
+  auto moved = convert(conn, *state, partitions);
+  if (!moved) return finish(moved.error());
+  report.outcome = PartitionReport::Outcome::converted;
+  report.rows_moved = *moved;
+  return finish(report);
+}
+
+// A connection for migrations: notices to the log, quiet about `IF NOT EXISTS`.
+boost::system::result<Connection> connect(std::string_view dsn) {
   const std::string conninfo(dsn);
   // Entries before the expanded dbname are overridden by the DSN's own settings.
   const char* keys[] = {"fallback_application_name", "dbname", nullptr};
@@ -106,16 +245,41 @@ boost::system::result<int> apply_migrations(std::string_view dsn) {
     spdlog::error("migrations: cannot connect: {}", trimmed(PQerrorMessage(conn.get())));
     return store_errc::unavailable;
   }
-
   // `CREATE TABLE IF NOT EXISTS` notices are not news.
   auto quiet = run(conn.get(), "SET client_min_messages", "SET client_min_messages = warning");
   if (!quiet) return quiet.error();
-  // Held until unlock or disconnect, so a crashed migrator never leaves it behind.
-  auto locked = run(conn.get(), "taking the migration lock", kMigrationLock);
+  return conn;
+}
+
+// Runs `work` under the migration lock, held until unlock or disconnect, so a crashed migrator
+// never leaves it behind.
+template <class Work>
+auto with_migration_lock(std::string_view dsn, Work work) -> decltype(work(nullptr)) {
+  auto conn = connect(dsn);
+  if (!conn) return conn.error();
+  auto locked = run(conn->get(), "taking the migration lock", kMigrationLock);
   if (!locked) return locked.error();
-  auto applied = apply_pending(conn.get());
-  run(conn.get(), "releasing the migration lock", kMigrationUnlock);
-  return applied;
+  auto outcome = work(conn->get());
+  run(conn->get(), "releasing the migration lock", kMigrationUnlock);
+  return outcome;
+}
+
+}  // namespace
+
+std::span<const Migration> embedded_migrations() noexcept {
+  return detail::kEmbeddedMigrations;
+}
+
+boost::system::result<int> apply_migrations(std::string_view dsn) {
+  return with_migration_lock(dsn, [](PGconn* conn) { return apply_pending(conn); });
+}
+
+boost::system::result<PartitionReport> partition_records(std::string_view dsn, int partitions) {
+  if (partitions < kMinRecordPartitions || partitions > kMaxRecordPartitions) {
+    throw std::invalid_argument("partition_records: partitions must be in 2..1024");
+  }
+  return with_migration_lock(
+      dsn, [partitions](PGconn* conn) { return partition_locked(conn, partitions); });
 }
 
 }  // namespace idemgate::storage::pg

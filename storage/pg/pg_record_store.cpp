@@ -40,12 +40,34 @@ constexpr Statement kInsert{
 // outer row and then deletes more than the batch. SKIP LOCKED leaves rows an insert is
 // replacing right now for the next round; the outer expires_at check keeps a row that was
 // replaced between the pick and the delete.
-constexpr Statement kDeleteExpired{"idemgate_delete_expired_records",
-                                   "WITH batch AS MATERIALIZED ("
-                                   "  SELECT id FROM idempotency_record WHERE expires_at <= now()"
-                                   "  ORDER BY expires_at LIMIT $1::int4 FOR UPDATE SKIP LOCKED)"
-                                   " DELETE FROM idempotency_record r USING batch"
-                                   " WHERE r.id = batch.id AND r.expires_at <= now()"};
+//
+// On a hash-partitioned table the cleaner runs this per partition (`table` a partition), not
+// once on the parent. Measured with EXPLAIN ANALYZE (200k rows, half expired, 16 partitions,
+// batch 5000): on the parent the pick is a Merge Append over every partition's expires_at
+// index, but the delete joins the batch against a scan of every partition's expired rows
+// (86 ms), and the statement locks every partition and its indexes (99 relation locks; ~3000
+// with 1024 partitions, in a shared lock table of 64 x max_connections entries by default). On
+// one partition it reads that partition only (17 ms for a batch of the same size) and takes 7.
+std::string delete_expired_sql(std::string_view table) {
+  std::string sql = "WITH batch AS MATERIALIZED (SELECT id FROM ";
+  sql += table;
+  sql +=
+      " WHERE expires_at <= now() ORDER BY expires_at LIMIT $1::int4 FOR UPDATE SKIP LOCKED)"
+      " DELETE FROM ";
+  sql += table;
+  sql += " r USING batch WHERE r.id = batch.id AND r.expires_at <= now()";
+  return sql;
+}
+
+const std::string kDeleteExpiredSql = delete_expired_sql("idempotency_record");
+const Statement kDeleteExpired{"idemgate_delete_expired_records", kDeleteExpiredSql.c_str()};
+
+// Direct children of a partitioned idempotency_record; none when it is a plain table (or
+// missing: to_regclass gives NULL, and the delete then reports the missing table itself).
+constexpr const char* kListPartitions =
+    "SELECT i.inhrelid::regclass::text FROM pg_partitioned_table p"
+    " JOIN pg_inherits i ON i.inhparent = p.partrelid"
+    " WHERE p.partrelid = to_regclass('idempotency_record') ORDER BY i.inhrelid";
 
 std::string bytes_of(const core::Sha256& digest) {
   return {reinterpret_cast<const char*>(digest.data()), digest.size()};
@@ -167,6 +189,24 @@ asio::awaitable<boost::system::result<std::int64_t>> PgRecordStore::delete_expir
   std::vector<Param> params;
   params.push_back(Param::text(std::to_string(std::max(batch, 1))));
   auto deleted = co_await pool_.execute(kDeleteExpired, std::move(params));
+  if (!deleted) co_return deleted.error();
+  co_return deleted->affected_rows();
+}
+
+asio::awaitable<boost::system::result<std::vector<std::string>>> PgRecordStore::partitions() {
+  auto rows = co_await pool_.query(kListPartitions, {});
+  if (!rows) co_return rows.error();
+  std::vector<std::string> names;
+  names.reserve(static_cast<std::size_t>(rows->rows()));
+  for (int row = 0; row < rows->rows(); ++row) names.emplace_back(rows->bytes(row, 0));
+  co_return names;
+}
+
+asio::awaitable<boost::system::result<std::int64_t>> PgRecordStore::delete_expired(
+    int batch, std::string partition) {
+  std::vector<Param> params;
+  params.push_back(Param::text(std::to_string(std::max(batch, 1))));
+  auto deleted = co_await pool_.query(delete_expired_sql(partition), std::move(params));
   if (!deleted) co_return deleted.error();
   co_return deleted->affected_rows();
 }

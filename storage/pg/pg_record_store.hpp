@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "gateway/core/record_store.hpp"
 #include "storage/pg/pg_batch_writer.hpp"
@@ -61,6 +63,19 @@ class PgRecordStore final : public core::RecordStore {
   /// returns how many it deleted, so a cleaner can repeat until it gets fewer than `batch`
   /// without holding long locks (C24). Idempotent.
   boost::asio::awaitable<boost::system::result<std::int64_t>> delete_expired(int batch);
+
+  /// The partitions of the table once `idemgate migrate --partitions N` has converted it, as
+  /// names the server quoted (regclass text, schema-qualified when off the search_path), in
+  /// creation order; empty while the table is not partitioned. One catalog query
+  /// (pg_partitioned_table, pg_inherits), an unnamed statement in either prepared_statements
+  /// mode. Idempotent.
+  boost::asio::awaitable<boost::system::result<std::vector<std::string>>> partitions();
+
+  /// delete_expired(batch) on one partition (a name from partitions()) alone: it reads that
+  /// partition's expires_at index and locks only that partition. An unnamed statement (the
+  /// name is part of its text), so it works in either prepared_statements mode. Idempotent.
+  boost::asio::awaitable<boost::system::result<std::int64_t>> delete_expired(int batch,
+                                                                             std::string partition);
 
   /// The group-commit writer, or nullptr when Options::group_commit is off.
   const PgBatchWriter* batch_writer() const noexcept { return batch_.get(); }

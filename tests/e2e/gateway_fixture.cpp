@@ -511,7 +511,8 @@ std::string GatewayConfig::render() const {
     << "threads: " << threads << "\n"
     << "limits: " << limits << "\n"
     << "storage:\n"
-    << "  postgres: { dsn: " << yaml_quoted(require_env("IDEMGATE_PG_DSN"))
+    << "  postgres: { dsn: "
+    << yaml_quoted(postgres_dsn.empty() ? require_env("IDEMGATE_PG_DSN") : postgres_dsn)
     << ", pool_size: 4, operation_timeout: " << postgres_operation_timeout << " }\n"
     << "  redis: { ";
   if (redis.empty()) {

@@ -245,7 +245,7 @@ struct RouteConfig {
 
 /// A gateway configuration (SPEC §2). Listen and admin ports are 0 (the OS chooses; the
 /// fixture reads the bound port from the `listening` log line); storage comes from
-/// IDEMGATE_PG_DSN and IDEMGATE_REDIS_ADDR.
+/// IDEMGATE_PG_DSN (unless postgres_dsn is set) and IDEMGATE_REDIS_ADDR.
 struct GatewayConfig {
   std::vector<UpstreamConfig> upstreams;
   std::vector<RouteConfig> routes;
@@ -254,6 +254,8 @@ struct GatewayConfig {
   /// The flow mapping of `limits`.
   std::string limits = "{ max_request_body: 1MiB, drain_timeout: 2s }";
   int threads = 2;
+  /// `storage.postgres.dsn`; empty: IDEMGATE_PG_DSN.
+  std::string postgres_dsn;
   /// `storage.postgres.operation_timeout` and `storage.redis.operation_timeout` (SPEC C25).
   std::string postgres_operation_timeout = "2s";
   std::string redis_operation_timeout = "500ms";

@@ -1,9 +1,13 @@
 #pragma once
 // Helpers shared by the Postgres store suites (IDEMGATE_PG_DSN; a suite fails when it is unset).
 
+#include <libpq-fe.h>
+
 #include <boost/asio/awaitable.hpp>
+#include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -34,6 +38,23 @@ inline storage::pg::Deadline soon() {
   return std::chrono::steady_clock::now() + std::chrono::seconds(10);
 }
 
+/// Blocking one-off statement on a fresh connection (test set-up only); returns the first value
+/// of the first row, or "" when there is none.
+inline std::string exec_blocking(const std::string& dsn, const std::string& sql) {
+  std::unique_ptr<PGconn, decltype(&PQfinish)> conn(PQconnectdb(dsn.c_str()), &PQfinish);
+  if (PQstatus(conn.get()) != CONNECTION_OK) {
+    throw std::runtime_error(std::string("connect: ") + PQerrorMessage(conn.get()));
+  }
+  PQsetNoticeProcessor(
+      conn.get(), [](void*, const char*) {}, nullptr);
+  std::unique_ptr<PGresult, decltype(&PQclear)> result(PQexec(conn.get(), sql.c_str()), &PQclear);
+  const auto status = PQresultStatus(result.get());
+  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
+    throw std::runtime_error(sql + ": " + PQresultErrorMessage(result.get()));
+  }
+  return PQntuples(result.get()) > 0 ? PQgetvalue(result.get(), 0, 0) : "";
+}
+
 /// The suite's schema, applied once before any case runs (a global fixture).
 struct MigratedDatabase {
   MigratedDatabase() {
@@ -54,5 +75,25 @@ inline boost::asio::awaitable<void> wait_until_db_clock_passes_expiry(storage::p
       std::move(params));
   if (!slept) throw std::runtime_error("wait_until_expired: " + slept.error().message());
 }
+
+/// A schema of its own, first on the search_path of `dsn` (pg_dsn() with an `options` query
+/// parameter: a URI DSN), dropped with its content afterwards.
+struct ScratchSchema {
+  ScratchSchema() : name("migration_test_" + core::random_token().substr(0, 12)) {
+    exec_blocking(pg_dsn(), "CREATE SCHEMA " + name);
+    const std::string base = pg_dsn();
+    dsn = base + (base.find('?') == std::string::npos ? "?" : "&") + "options=-csearch_path%3D" +
+          name;
+  }
+  ~ScratchSchema() {
+    try {
+      exec_blocking(pg_dsn(), "DROP SCHEMA " + name + " CASCADE");
+    } catch (const std::exception& e) {
+      BOOST_TEST_MESSAGE("dropping " << name << ": " << e.what());
+    }
+  }
+  std::string name;
+  std::string dsn;
+};
 
 }  // namespace idemgate::testing

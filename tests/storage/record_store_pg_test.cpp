@@ -44,23 +44,6 @@ boost::system::error_code code(store_errc e) {
   return make_error_code(e);
 }
 
-/// Blocking one-off statement on a fresh connection (test set-up only); returns the first value
-/// of the first row, or "" when there is none.
-std::string exec_blocking(const std::string& dsn, const std::string& sql) {
-  std::unique_ptr<PGconn, decltype(&PQfinish)> conn(PQconnectdb(dsn.c_str()), &PQfinish);
-  if (PQstatus(conn.get()) != CONNECTION_OK) {
-    throw std::runtime_error(std::string("connect: ") + PQerrorMessage(conn.get()));
-  }
-  PQsetNoticeProcessor(
-      conn.get(), [](void*, const char*) {}, nullptr);
-  std::unique_ptr<PGresult, decltype(&PQclear)> result(PQexec(conn.get(), sql.c_str()), &PQclear);
-  const auto status = PQresultStatus(result.get());
-  if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
-    throw std::runtime_error(sql + ": " + PQresultErrorMessage(result.get()));
-  }
-  return PQntuples(result.get()) > 0 ? PQgetvalue(result.get(), 0, 0) : "";
-}
-
 struct PgBackend {
   explicit PgBackend(std::size_t connections = 2, std::chrono::milliseconds timeout = 5s)
       : pool(io.get_executor(), {pg_dsn(), connections, timeout, {}}), records(pool) {}
@@ -130,25 +113,6 @@ asio::awaitable<bool> abandon_long_statement(PgPool* pool) {
                           impatience.async_wait(asio::as_tuple(asio::use_awaitable)));
   co_return winner.index() == 1;
 }
-
-/// A schema of its own, first on the search_path of `dsn`, dropped afterwards.
-struct ScratchSchema {
-  ScratchSchema() : name("migration_test_" + core::random_token().substr(0, 12)) {
-    exec_blocking(pg_dsn(), "CREATE SCHEMA " + name);
-    const std::string base = pg_dsn();
-    dsn = base + (base.find('?') == std::string::npos ? "?" : "&") + "options=-csearch_path%3D" +
-          name;
-  }
-  ~ScratchSchema() {
-    try {
-      exec_blocking(pg_dsn(), "DROP SCHEMA " + name + " CASCADE");
-    } catch (const std::exception& e) {
-      BOOST_TEST_MESSAGE("dropping " << name << ": " << e.what());
-    }
-  }
-  std::string name;
-  std::string dsn;
-};
 
 }  // namespace idemgate::testing
 
