@@ -51,6 +51,7 @@ struct PgPool::Lease::Shared {
   // at a time (`attempting`), none before `retry_at`; callers wait in `gate_waiters`.
   bool failing = false;
   bool attempting = false;
+  std::uint64_t attempts_ended = 0;  ///< connect attempts that succeeded or failed
   std::chrono::steady_clock::time_point retry_at{};
   std::chrono::milliseconds backoff{0};
   std::list<Waiter*> gate_waiters;
@@ -67,11 +68,13 @@ struct PgPool::Lease::Shared {
     // come back in step.
     std::uniform_int_distribution<std::chrono::milliseconds::rep> pause(0, backoff.count());
     retry_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(pause(random));
+    ++attempts_ended;
     wake_gate();
   }
 
   void connect_succeeded(const PgConnection& connection) {
     if (options.tracker) options.tracker->use({}, connection.server_address());
+    ++attempts_ended;
     if (!failing) return;
     failing = false;
     backoff = std::chrono::milliseconds(0);
@@ -162,11 +165,17 @@ asio::awaitable<boost::system::result<PgPool::Lease>> PgPool::acquire(Deadline d
       const bool gated = pool->failing;
       if (gated && (pool->attempting || std::chrono::steady_clock::now() < pool->retry_at)) {
         // The store is failing and another caller's attempt runs, or the backoff has not
-        // passed: wait for that attempt's outcome or the next turn, within this deadline.
+        // passed: wait for that attempt's outcome or the next turn, within this deadline. No
+        // attempt may start before the deadline: nothing to wait for.
+        if (!pool->attempting && pool->retry_at >= deadline) co_return store_errc::unavailable;
+        const std::uint64_t ended = pool->attempts_ended;
         const auto until = pool->attempting ? deadline : std::min(deadline, pool->retry_at);
         Waiter waiter(pool->executor, until, pool->gate_waiters);
         co_await waiter.timer.async_wait(use_nothrow);
-        if (std::chrono::steady_clock::now() >= deadline) {
+        // The attempt this caller waited for failed: the store still fails, and the answer is
+        // due now rather than at the deadline (C25).
+        const bool failed_meanwhile = pool->failing && pool->attempts_ended != ended;
+        if (failed_meanwhile || std::chrono::steady_clock::now() >= deadline) {
           if (!waiter.queued) pool->wake_one();  // a returned connection goes to the next
           co_return store_errc::unavailable;
         }

@@ -25,8 +25,10 @@ namespace idemgate::storage::pg {
 /// attempt is in flight, and the next one starts only after a backoff drawn uniformly from
 /// [0, b] (full jitter), b starting at Options::reconnect_backoff_first and doubling up to
 /// Options::reconnect_backoff_max; a successful connect ends this and lets every caller connect
-/// again. Callers that arrive meanwhile wait for that attempt within their own deadline, so a
-/// dead host sees one connect per backoff from each pool, not one per request.
+/// again. Callers that arrive meanwhile wait for the next attempt within their own deadline and
+/// fail `unavailable` when it fails (or at once when it cannot start before their deadline), so
+/// a dead host sees one connect per backoff from each pool, not one per request, and each
+/// caller learns of the outage from at most one attempt.
 ///
 /// Each successful connect reports the server it reached (`host:port`) to Options::tracker, so
 /// a move to another host counts as a failover (SPEC C46).
