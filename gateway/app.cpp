@@ -13,6 +13,7 @@
 #include "gateway/admin/admin_server.hpp"
 #include "gateway/cleaner.hpp"
 #include "gateway/config/config_loader.hpp"
+#include "gateway/core/primary_tracker.hpp"
 #include "gateway/http/json_log.hpp"
 #include "gateway/http/server.hpp"
 #include "gateway/http/upstream_pool.hpp"
@@ -67,8 +68,9 @@ core::FilterEvents filter_events(Metrics& metrics) {
 class ThreadHandler final : public http::RequestHandler {
  public:
   ThreadHandler(asio::io_context& io, const config::Config& config, Metrics& metrics,
-                std::shared_ptr<storage::redis::PrimaryTracker> redis_primary)
-      : pool_(io.get_executor(), pool_options(config)),
+                std::shared_ptr<core::PrimaryTracker> pg_primary,
+                std::shared_ptr<core::PrimaryTracker> redis_primary)
+      : pool_(io.get_executor(), pool_options(config, std::move(pg_primary))),
         store_(pool_, io.get_executor(), storage::pg::PgRecordStore::with_group_commit()),
         timed_store_(store_, metrics),
         redis_(storage::redis::make_redis_client(io.get_executor(), config.storage.redis,
@@ -101,7 +103,8 @@ class ThreadHandler final : public http::RequestHandler {
   }
 
  private:
-  static storage::pg::PgPool::Options pool_options(const config::Config& config) {
+  static storage::pg::PgPool::Options pool_options(const config::Config& config,
+                                                   std::shared_ptr<core::PrimaryTracker> tracker) {
     storage::pg::PgPool::Options options;
     options.dsn = config.storage.postgres.dsn;
     const auto threads = static_cast<std::size_t>(std::max(1, config.threads));
@@ -109,6 +112,7 @@ class ThreadHandler final : public http::RequestHandler {
     options.max_connections = std::max<std::size_t>(1, (total + threads - 1) / threads);
     options.operation_timeout = config.storage.postgres.operation_timeout;
     options.prepared_statements = config.storage.postgres.prepared_statements;
+    options.tracker = std::move(tracker);
     return options;
   }
 
@@ -229,13 +233,18 @@ int run_gateway(const std::string& config_path, bool migrate) {
     if (upstream_time.count() > 0) metrics.observe_upstream(route, upstream_time);
   };
 
-  // One per process: a Redis primary switch is counted and logged once, not once per thread.
-  auto redis_primary = std::make_shared<storage::redis::PrimaryTracker>(
-      [&metrics](const std::string& from, const std::string& to) {
-        metrics.count_store_failover("redis");
-        log_json(spdlog::level::warn, "store failover",
-                 {{"store", "redis"}, {"from", from}, {"to", to}});
-      });
+  // One per store and process: a switch to another Redis primary or Postgres host is counted
+  // and logged once, not once per thread or connection (C46).
+  const auto failover_tracker = [&metrics](const char* store) {
+    return std::make_shared<core::PrimaryTracker>(
+        [&metrics, store](const std::string& from, const std::string& to) {
+          metrics.count_store_failover(store);
+          log_json(spdlog::level::warn, "store failover",
+                   {{"store", store}, {"from", from}, {"to", to}});
+        });
+  };
+  auto redis_primary = failover_tracker("redis");
+  auto pg_primary = failover_tracker("postgres");
 
   std::unique_ptr<http::Server> server;
   std::unique_ptr<admin::AdminServer> admin_server;
@@ -244,12 +253,12 @@ int run_gateway(const std::string& config_path, bool migrate) {
     // upstreams and limits for new requests (SPEC §1), not the store connections.
     server = std::make_unique<http::Server>(
         config,
-        [config, &metrics, redis_primary](asio::io_context& io, unsigned) {
-          return std::make_unique<ThreadHandler>(io, *config, metrics, redis_primary);
+        [config, &metrics, pg_primary, redis_primary](asio::io_context& io, unsigned) {
+          return std::make_unique<ThreadHandler>(io, *config, metrics, pg_primary, redis_primary);
         },
         observers);
     admin_server = std::make_unique<admin::AdminServer>(
-        *config, [&metrics] { return metrics.render(); }, redis_primary);
+        *config, [&metrics] { return metrics.render(); }, pg_primary, redis_primary);
   } catch (const std::exception& e) {
     log_json(spdlog::level::err, "cannot listen", {{"error", e.what()}});
     return kExitRuntime;
@@ -284,7 +293,7 @@ int run_gateway(const std::string& config_path, bool migrate) {
   signals.async_wait(on_signal);
   std::thread signal_thread([&signals_io] { signals_io.run(); });
 
-  Cleaner cleaner(*config);
+  Cleaner cleaner(*config, pg_primary);
   cleaner.start();
   metrics.set_cleanup_source([&cleaner] { return cleaner.deleted_total(); });
   admin_server->start();

@@ -17,7 +17,7 @@ namespace idemgate {
 namespace asio = boost::asio;
 
 struct Cleaner::State {
-  explicit State(const config::Config& config)
+  State(const config::Config& config, std::shared_ptr<core::PrimaryTracker> pg_primary)
       : io(std::make_unique<asio::io_context>()),
         interval(config.storage.cleanup.interval),
         batch(config.storage.cleanup.batch),
@@ -25,7 +25,8 @@ struct Cleaner::State {
                                   1,
                                   config.storage.postgres.operation_timeout,
                                   {},
-                                  config.storage.postgres.prepared_statements}),
+                                  config.storage.postgres.prepared_statements,
+                                  std::move(pg_primary)}),
         store(pool) {}
   // Members go in reverse order: the store and the pool first, closing their sockets and timers
   // while the io_context's services exist; then the io_context, which destroys the pending
@@ -39,7 +40,8 @@ struct Cleaner::State {
   storage::pg::PgRecordStore store;
 };
 
-Cleaner::Cleaner(const config::Config& config) : state_(std::make_unique<State>(config)) {}
+Cleaner::Cleaner(const config::Config& config, std::shared_ptr<core::PrimaryTracker> pg_primary)
+    : state_(std::make_unique<State>(config, std::move(pg_primary))) {}
 
 Cleaner::~Cleaner() {
   stop();

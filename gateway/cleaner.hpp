@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "gateway/config/config.hpp"
+#include "gateway/core/primary_tracker.hpp"
 
 namespace idemgate {
 
@@ -20,7 +21,9 @@ namespace idemgate {
 /// cleaner holds. Thread-safe: start/stop from one controlling thread; deleted_total() anywhere.
 class Cleaner {
  public:
-  explicit Cleaner(const config::Config& config);
+  /// `pg_primary` (may be null): the process's tracker of the Postgres host in use (SPEC C46).
+  explicit Cleaner(const config::Config& config,
+                   std::shared_ptr<core::PrimaryTracker> pg_primary = nullptr);
   ~Cleaner();
   Cleaner(const Cleaner&) = delete;
   Cleaner& operator=(const Cleaner&) = delete;

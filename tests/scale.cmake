@@ -49,3 +49,14 @@ idemgate_test(pg_partitions_scale_e2e_test scale
   LIBS idemgate_e2e_fixture idemgate_app)
 # The test starts both binaries; build them with it.
 add_dependencies(pg_partitions_scale_e2e_test idemgate payment-service)
+
+# The real gateway over a Postgres primary and its synchronous standby that this binary starts,
+# SIGKILLs and promotes under keyed load (the gateway's DSN names both hosts); Redis and the
+# payment service's database come from scripts/local-stores.
+idemgate_test(pg_failover_scale_e2e_test scale
+  SOURCES scale/pg_failover_scale_e2e_test.cpp scale/pg_standby.cpp fault/local_stores.cpp
+  LIBS idemgate_e2e_fixture idemgate_ops_support PostgreSQL::PostgreSQL)
+# The test starts both binaries; build them with it. Like the sentinel suite, the failovers
+# and the private stores must not share the machine's two cores with other store suites.
+add_dependencies(pg_failover_scale_e2e_test idemgate payment-service)
+set_tests_properties(pg_failover_scale_e2e_test PROPERTIES RUN_SERIAL TRUE)

@@ -168,13 +168,15 @@ asio::awaitable<void> accept_loop(tcp::acceptor* acceptor, Stores stores,
 }  // namespace
 
 AdminServer::AdminServer(const config::Config& config, MetricsText metrics_text,
-                         std::shared_ptr<storage::redis::PrimaryTracker> redis_primary)
+                         std::shared_ptr<core::PrimaryTracker> pg_primary,
+                         std::shared_ptr<core::PrimaryTracker> redis_primary)
     : acceptor_(io_), metrics_text_(std::move(metrics_text)), address_(config.admin.address) {
   storage::pg::PgPool::Options pg_options;
   pg_options.dsn = config.storage.postgres.dsn;
   pg_options.max_connections = 1;
   pg_options.operation_timeout = config.storage.postgres.operation_timeout;
   pg_options.prepared_statements = config.storage.postgres.prepared_statements;
+  pg_options.tracker = std::move(pg_primary);
   pg_ = std::make_unique<storage::pg::PgPool>(io_.get_executor(), pg_options);
   redis_ = storage::redis::make_redis_client(io_.get_executor(), config.storage.redis,
                                              std::move(redis_primary));

@@ -14,13 +14,15 @@
 
 #include "gateway/config/config.hpp"
 
+namespace idemgate::core {
+class PrimaryTracker;
+}
 namespace idemgate::storage::pg {
 class PgPool;
 }
 namespace idemgate::storage::redis {
 class RedisClient;
-class PrimaryTracker;
-}  // namespace idemgate::storage::redis
+}
 
 namespace idemgate::admin {
 
@@ -47,10 +49,11 @@ class AdminServer {
 
   /// Binds `config.admin` (port 0: the OS chooses). Throws boost::system::system_error when
   /// binding fails. Store settings are taken from `config.storage` (a reload does not change
-  /// them, nor the admin address). `redis_primary` (may be null) is the process's tracker of
-  /// the Redis primary in use (SPEC C46).
+  /// them, nor the admin address). `pg_primary` and `redis_primary` (may be null) are the
+  /// process's trackers of the Postgres host and the Redis primary in use (SPEC C46).
   AdminServer(const config::Config& config, MetricsText metrics_text,
-              std::shared_ptr<storage::redis::PrimaryTracker> redis_primary = nullptr);
+              std::shared_ptr<core::PrimaryTracker> pg_primary = nullptr,
+              std::shared_ptr<core::PrimaryTracker> redis_primary = nullptr);
   ~AdminServer();
   AdminServer(const AdminServer&) = delete;
   AdminServer& operator=(const AdminServer&) = delete;

@@ -98,6 +98,15 @@ int PgConnection::backend_pid() const noexcept {
   return conn_ ? PQbackendPID(conn_) : 0;
 }
 
+std::string PgConnection::server_address() const {
+  if (!conn_ || !connected_) return {};
+  const char* host = PQhost(conn_);
+  const char* port = PQport(conn_);
+  std::string text = host ? host : "";
+  if (text.find(':') != std::string::npos) text = "[" + text + "]";
+  return text + ":" + (port ? port : "");
+}
+
 boost::system::error_code PgConnection::lost(const char* what) {
   broken_ = true;
   last_error_ = std::string(what) + ": " +

@@ -105,6 +105,10 @@ class PgConnection {
   bool busy() const noexcept { return busy_; }
   /// The server process id of this connection (0 when not connected).
   int backend_pid() const noexcept;
+  /// `host:port` of the server this connection reached (PQhost, PQport: with a multi-host DSN,
+  /// the host libpq settled on, SPEC C43), brackets around an IPv6 address; "" when not
+  /// connected.
+  std::string server_address() const;
   const std::string& last_error() const noexcept { return last_error_; }
 
  private:

@@ -33,7 +33,7 @@ std::string describe_failure(const ReplyResult& reply) {
 class SentinelClient final : public RedisClient {
  public:
   SentinelClient(asio::any_io_executor executor, const config::Redis& options,
-                 std::shared_ptr<PrimaryTracker> tracker)
+                 std::shared_ptr<core::PrimaryTracker> tracker)
       : executor_(std::move(executor)), options_(options), tracker_(std::move(tracker)) {
     sentinels_.resize(options_.sentinels.size());
   }
@@ -221,7 +221,7 @@ class SentinelClient final : public RedisClient {
 
   asio::any_io_executor executor_;
   config::Redis options_;
-  std::shared_ptr<PrimaryTracker> tracker_;
+  std::shared_ptr<core::PrimaryTracker> tracker_;
   std::vector<std::unique_ptr<RedisConnection>> sentinels_;  ///< opened on first use
   std::size_t next_sentinel_ = 0;
   std::shared_ptr<RedisConnection> primary_;
@@ -233,20 +233,6 @@ class SentinelClient final : public RedisClient {
 };
 
 }  // namespace
-
-void PrimaryTracker::use(const std::string& scope, const std::string& primary) {
-  const std::lock_guard lock(mutex_);
-  auto [it, first] = primaries_.try_emplace(scope, primary);
-  if (first || it->second == primary) return;
-  const std::string from = std::exchange(it->second, primary);
-  ++switches_;
-  if (on_switch_) on_switch_(from, primary);
-}
-
-std::uint64_t PrimaryTracker::switches() const {
-  const std::lock_guard lock(mutex_);
-  return switches_;
-}
 
 asio::awaitable<ReplyResult> SingleServerClient::execute(std::string key,
                                                          std::vector<std::string> argv) {
@@ -269,7 +255,7 @@ asio::awaitable<std::string> SingleServerClient::probe() {
 
 std::unique_ptr<RedisClient> make_redis_client(asio::any_io_executor executor,
                                                const config::Redis& options,
-                                               std::shared_ptr<PrimaryTracker> tracker) {
+                                               std::shared_ptr<core::PrimaryTracker> tracker) {
   switch (options.mode) {
     case config::Redis::Mode::standalone:
       return std::make_unique<SingleServerClient>(

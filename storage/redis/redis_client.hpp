@@ -6,45 +6,15 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/system/result.hpp>
-#include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "gateway/config/config.hpp"
+#include "gateway/core/primary_tracker.hpp"
 #include "storage/redis/redis_connection.hpp"
 
 namespace idemgate::storage::redis {
-
-/// Which primary a process uses, shared by every io thread's client, so that a switch to a
-/// different primary is counted and logged once per process (SPEC C46), however many threads
-/// notice it.
-///
-/// Thread safety: all members may be called from any thread.
-class PrimaryTracker {
- public:
-  /// Called (under the tracker's lock, so keep it short) once per switch with the primary in use
-  /// before and after, both as `host:port`.
-  using OnSwitch = std::function<void(const std::string& from, const std::string& to)>;
-
-  explicit PrimaryTracker(OnSwitch on_switch = {}) : on_switch_(std::move(on_switch)) {}
-
-  /// Records that `primary` (`host:port`) now serves `scope` (empty for Sentinel; the slot range's
-  /// first slot in a cluster). The first primary of a scope is not a switch; a different one
-  /// afterwards is, and calls on_switch.
-  void use(const std::string& scope, const std::string& primary);
-
-  /// Number of switches seen so far.
-  std::uint64_t switches() const;
-
- private:
-  mutable std::mutex mutex_;
-  OnSwitch on_switch_;
-  std::map<std::string, std::string> primaries_;
-  std::uint64_t switches_ = 0;
-};
 
 /// Runs commands on the right Redis server for one io thread (SPEC C25, C41, C42).
 ///
@@ -103,7 +73,7 @@ class SingleServerClient final : public RedisClient {
 /// use (SPEC C46).
 std::unique_ptr<RedisClient> make_redis_client(boost::asio::any_io_executor executor,
                                                const config::Redis& options,
-                                               std::shared_ptr<PrimaryTracker> tracker);
+                                               std::shared_ptr<core::PrimaryTracker> tracker);
 
 /// `host:port`, with brackets around an IPv6 host.
 std::string endpoint_text(const std::string& host, std::uint16_t port);

@@ -170,7 +170,7 @@ class ReloadGuard {
 class ClusterClient final : public RedisClient {
  public:
   ClusterClient(asio::any_io_executor executor, const config::Redis& options,
-                std::shared_ptr<PrimaryTracker> tracker)
+                std::shared_ptr<core::PrimaryTracker> tracker)
       : executor_(executor),
         options_(options),
         tracker_(std::move(tracker)),
@@ -341,7 +341,7 @@ class ClusterClient final : public RedisClient {
 
   asio::any_io_executor executor_;
   config::Redis options_;
-  std::shared_ptr<PrimaryTracker> tracker_;
+  std::shared_ptr<core::PrimaryTracker> tracker_;
   std::vector<Endpoint> seeds_;
   std::optional<Endpoint> last_answered_;
   SlotMap map_;
@@ -394,7 +394,7 @@ std::optional<std::vector<SlotRange>> parse_cluster_slots(const Reply& reply,
 
 std::unique_ptr<RedisClient> make_cluster_client(asio::any_io_executor executor,
                                                  const config::Redis& options,
-                                                 std::shared_ptr<PrimaryTracker> tracker) {
+                                                 std::shared_ptr<core::PrimaryTracker> tracker) {
   return std::make_unique<ClusterClient>(std::move(executor), options, std::move(tracker));
 }
 

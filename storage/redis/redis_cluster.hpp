@@ -58,6 +58,6 @@ std::optional<std::vector<SlotRange>> parse_cluster_slots(const Reply& reply,
 /// are recorded without counting.
 std::unique_ptr<RedisClient> make_cluster_client(boost::asio::any_io_executor executor,
                                                  const config::Redis& options,
-                                                 std::shared_ptr<PrimaryTracker> tracker);
+                                                 std::shared_ptr<core::PrimaryTracker> tracker);
 
 }  // namespace idemgate::storage::redis

@@ -22,10 +22,10 @@
 
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
+using idemgate::core::PrimaryTracker;
 using idemgate::core::store_errc;
 using idemgate::storage::redis::key_slot;
 using idemgate::storage::redis::make_cluster_client;
-using idemgate::storage::redis::PrimaryTracker;
 using idemgate::storage::redis::RedisClient;
 using idemgate::storage::redis::Reply;
 using idemgate::test::scale::RedisCluster;

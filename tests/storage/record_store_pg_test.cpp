@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gateway/core/errors.hpp"
+#include "gateway/core/primary_tracker.hpp"
 #include "storage/pg/migrations.hpp"
 #include "storage/pg/pg_connection.hpp"
 #include "storage/pg/pg_pool.hpp"
@@ -90,6 +91,12 @@ asio::awaitable<std::optional<PgPool::Lease>> take(PgPool* pool) {
 
 asio::awaitable<boost::system::error_code> acquire_error(PgPool* pool) {
   auto lease = co_await pool->acquire(pool->deadline());
+  co_return lease ? boost::system::error_code{} : lease.error();
+}
+
+asio::awaitable<boost::system::error_code> acquire_error_by(PgPool* pool,
+                                                            storage::pg::Deadline deadline) {
+  auto lease = co_await pool->acquire(deadline);
   co_return lease ? boost::system::error_code{} : lease.error();
 }
 
@@ -258,6 +265,78 @@ BOOST_AUTO_TEST_CASE(spec_C25_unreachable_server_reports_unavailable) {
   BOOST_TEST_REQUIRE(!found.has_value());
   BOOST_TEST(found.error() == code(store_errc::unavailable));
   BOOST_TEST(pool.open_connections() == 0u);
+}
+
+// SPEC C25: while connecting fails, a pool sends one connect attempt at a time, not one per
+// waiting caller. This server accepts TCP connections and never answers, so each attempt lasts
+// until its deadline: the callers that arrive meanwhile wait for that one attempt and fail with
+// it, by their own deadline.
+BOOST_AUTO_TEST_CASE(spec_C25_a_failing_store_gets_one_connect_attempt_at_a_time) {
+  boost::asio::io_context io;
+  // Listens (the kernel completes the handshakes) but never accepts.
+  boost::asio::ip::tcp::acceptor silent(io, {boost::asio::ip::address_v4::loopback(), 0});
+  const auto port = silent.local_endpoint().port();
+  PgPool pool(io.get_executor(),
+              {"postgresql://idem@127.0.0.1:" + std::to_string(port) + "/idem", 8, 300ms, {}});
+
+  BOOST_TEST(run_to_completion(io, acquire_error(&pool)) == code(store_errc::timed_out));
+  BOOST_TEST_REQUIRE(pool.connect_attempts() == 1u);
+
+  const auto started = std::chrono::steady_clock::now();
+  const auto deadline = started + 300ms;
+  std::vector<boost::system::error_code> errors;
+  for (int i = 0; i < 8; ++i) {
+    boost::asio::co_spawn(io, acquire_error_by(&pool, deadline),
+                          [&](std::exception_ptr e, boost::system::error_code ec) {
+                            if (e) std::rethrow_exception(e);
+                            errors.push_back(ec);
+                          });
+  }
+  io.restart();
+  io.run();
+  const auto took = std::chrono::steady_clock::now() - started;
+  BOOST_TEST(errors.size() == 8u);
+  for (const auto& ec : errors) {
+    BOOST_TEST((ec == code(store_errc::unavailable) || ec == code(store_errc::timed_out)),
+               ec.message());
+  }
+  BOOST_TEST(pool.connect_attempts() == 2u,
+             "eight callers made " << pool.connect_attempts() - 1 << " attempts");
+  BOOST_TEST(pool.open_connections() == 0u);
+  BOOST_TEST_MESSAGE("eight callers ended after "
+                     << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                     << " ms");
+}
+
+// SPEC C46: each new connection reports the server it reached to the pool's tracker. The tracker
+// here has seen another host before, so the first connection is a switch and the second, to the
+// same server, is not.
+BOOST_AUTO_TEST_CASE(spec_C46_new_connections_report_their_server_to_the_tracker) {
+  boost::asio::io_context io;
+  std::vector<std::string> switched;
+  auto tracker = std::make_shared<idemgate::core::PrimaryTracker>(
+      [&](const std::string& from, const std::string& to) { switched.push_back(from + ">" + to); });
+  PgPool::Options options{pg_dsn(), 2, 5s, {}};
+  options.tracker = tracker;
+  PgPool pool(io.get_executor(), options);
+  tracker->use({}, "198.51.100.1:5432");  // as if another pool had used another host
+
+  auto a = run_to_completion(io, take(&pool));
+  auto b = run_to_completion(io, take(&pool));
+  BOOST_TEST_REQUIRE((a && b));
+  BOOST_TEST(pool.connect_attempts() == 2u);
+  auto port = run_to_completion(io, (*a)->query("SELECT inet_server_port()", {}, soon()));
+  BOOST_TEST_REQUIRE(port.has_value(), (*a)->last_error());
+  const std::string address = (*a)->server_address();
+  BOOST_TEST(address == (*b)->server_address());
+  // The port as the server sees it (NULL over a Unix socket, which the DSN may name too).
+  if (!port->is_null(0, 0)) {
+    BOOST_TEST(address.ends_with(":" + std::to_string(port->int4(0, 0).value())), address);
+  }
+  BOOST_TEST(address.find(':') > 0u, address);
+  BOOST_TEST(tracker->switches() == 1u);
+  BOOST_TEST(switched == std::vector<std::string>{"198.51.100.1:5432>" + address},
+             boost::test_tools::per_element());
 }
 
 BOOST_AUTO_TEST_CASE(pool_acquire_times_out_while_every_connection_is_in_use) {

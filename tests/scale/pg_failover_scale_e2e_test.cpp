@@ -1,0 +1,656 @@
+// Postgres failover (SPEC C43, C46): real `idemgate` and `payment-service` processes whose
+// `storage.postgres.dsn` is libpq's multi-host form over a primary and its synchronous standby,
+// which this binary starts on loopback, SIGKILLs and promotes under keyed load. Redis and the
+// payment service's database come from scripts/local-stores: they do not fail over.
+//
+// Each scenario prints one line `scenario=<name> executions=<n> distinct_keys=<k>` (executions:
+// the payment service's `payment_posts` delta, distinct_keys: keys that executed) and lines
+// `figures scenario=<name> …` with the measured times and the answers by kind.
+#define BOOST_TEST_MODULE pg_failover_scale
+#include <atomic>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+#include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/e2e/gateway_fixture.hpp"
+#include "tests/fault/local_stores.hpp"
+#include "tests/ops/metric_text.hpp"
+#include "tests/scale/pg_standby.hpp"
+
+namespace {
+
+namespace json = boost::json;
+using namespace std::chrono_literals;
+using namespace idemgate::test;
+using namespace idemgate::test::e2e;
+using idemgate::test::fault::LocalStores;
+using idemgate::test::ops::metric_value;
+using idemgate::test::scale::PgStandbyPair;
+using Clock = std::chrono::steady_clock;
+
+// -------------------------------------------------------------------------------------------
+// Redis and the payment service's database, of this binary alone.
+
+struct PrivateStores {
+  PrivateStores() { instance = std::make_unique<LocalStores>(); }
+  ~PrivateStores() { instance.reset(); }
+  static inline std::unique_ptr<LocalStores> instance;
+};
+
+// -------------------------------------------------------------------------------------------
+// Bounds, from the configuration below. A request that meets a store fault ends within
+// operation_timeout + 1 s (C25); one whose record commit meets it may wait commit_timeout more
+// (C26). New keys execute within 1 s of the promotion (C43): that figure is printed, and
+// asserted only against the generous operation_timeout + 1 s.
+
+constexpr auto kPgTimeout = 1s;        ///< storage.postgres.operation_timeout
+constexpr auto kCommitTimeout = 10s;   ///< idempotency.commit_timeout (C26)
+constexpr auto kStoreFaultSlack = 1s;  ///< C25
+constexpr auto kAnswerBound = kCommitTimeout + kPgTimeout + kStoreFaultSlack + 1s;
+constexpr auto kAfterPromotionBound = kPgTimeout + kStoreFaultSlack;
+constexpr auto kClientTimeout = 30s;     ///< safety net on every request, above every bound
+constexpr auto kRecoveryDeadline = 20s;  ///< give up waiting for a recovery (then fail)
+constexpr auto kRetryInterval = 20ms;    ///< between requests of one polling client
+constexpr auto kLoadPace = 10ms;         ///< between keys of one load thread
+constexpr auto kOutage = 500ms;          ///< from the primary's death to the promotion
+constexpr int kPaymentDelayMs = 30;      ///< keeps requests at the upstream when the primary dies
+constexpr int kInstances = 2;            ///< gateway processes per scenario
+constexpr int kLoadThreads = 4;          ///< load clients, split over the instances
+const std::string kGatewayProblems = "https://idemgate.dev/problems/";
+
+std::int64_t ms(Clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+}
+
+void report(const std::string& scenario, std::uint64_t executions, std::uint64_t distinct_keys) {
+  std::cout << "scenario=" << scenario << " executions=" << executions
+            << " distinct_keys=" << distinct_keys << std::endl;
+}
+
+/// A response, or the client's error, and when the exchange started and ended.
+struct Timed {
+  HttpResponse response;
+  std::string error;  ///< non-empty: no response (timeout, reset)
+  int instance = 0;
+  Clock::time_point start;
+  Clock::time_point done;
+  Clock::duration elapsed() const { return done - start; }
+};
+
+Timed send_timed(const Gateway& gateway, const HttpRequest& request, int instance) {
+  Timed t;
+  t.instance = instance;
+  t.start = Clock::now();
+  try {
+    t.response = http_request(kLoopback, gateway.port(instance), request, kClientTimeout);
+  } catch (const std::exception& e) {
+    t.error = e.what();
+  }
+  t.done = Clock::now();
+  return t;
+}
+
+HttpRequest payment_post(const std::string& host, const std::string& key) {
+  return keyed_post("/payments", key, payment_body(unique_name("pay-c43")), {{"Host", host}});
+}
+
+bool replayed(const HttpResponse& r) {
+  return r.header("Idempotent-Replayed").value_or("") == "true";
+}
+
+bool success(const HttpResponse& r) {
+  return r.status == 200 || r.status == 201;
+}
+
+/// Executed now by the upstream under the contract: its own success, not a replay and not an
+/// unprotected forward.
+bool executed(const HttpResponse& r) {
+  return success(r) && !replayed(r) && !r.header("Idempotency-Status").has_value();
+}
+
+/// 409 problem+json of type request-in-flight with Retry-After (C18).
+bool in_flight(const HttpResponse& r) {
+  return r.status == 409 && problem_type(r) == kGatewayProblems + "request-in-flight" &&
+         r.header("Retry-After").has_value();
+}
+
+/// 503 problem+json of type store-unavailable with Retry-After (C25 fail_closed).
+bool store_unavailable(const HttpResponse& r) {
+  return r.status == 503 && problem_type(r) == kGatewayProblems + "store-unavailable" &&
+         r.header("Retry-After").has_value();
+}
+
+/// What an answer during and after a failover may be: executed, a replay, 409 or 503.
+std::string kind_of(const Timed& t) {
+  if (!t.error.empty()) return "no-answer";
+  if (executed(t.response)) return "executed";
+  if (success(t.response) && replayed(t.response)) return "replayed";
+  if (in_flight(t.response)) return "409";
+  if (store_unavailable(t.response)) return "503";
+  return "other-" + std::to_string(t.response.status);
+}
+
+bool allowed_kind(const std::string& kind) {
+  return kind == "executed" || kind == "replayed" || kind == "409" || kind == "503";
+}
+
+std::string summary(const std::map<std::string, int>& kinds) {
+  std::string out;
+  for (const auto& [kind, n] : kinds)
+    out += (out.empty() ? "" : " ") + kind + "=" + std::to_string(n);
+  return out;
+}
+
+// -------------------------------------------------------------------------------------------
+// Log lines and the admin endpoint of each instance (its port is in the `admin listening` line).
+
+std::vector<json::object> log_lines(const std::string& text, const std::string& msg) {
+  std::vector<json::object> out;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    json::error_code ec;
+    const json::value v = json::parse(line, ec);
+    if (ec || !v.is_object()) continue;
+    const auto* m = v.as_object().if_contains("msg");
+    if (m && m->is_string() && m->as_string() == msg) out.push_back(v.as_object());
+  }
+  return out;
+}
+
+std::string field(const json::object& line, const char* name) {
+  const auto* v = line.if_contains(name);
+  return v && v->is_string() ? std::string(v->as_string()) : "";
+}
+
+std::uint16_t admin_port(const Gateway& gateway, int instance) {
+  const auto deadline = Clock::now() + kEventDeadline;
+  for (;;) {
+    for (const auto& line : log_lines(gateway.stderr_text(instance), "admin listening")) {
+      const auto* port = line.if_contains("port");
+      if (port && port->is_number()) return port->to_number<std::uint16_t>();
+    }
+    if (Clock::now() > deadline)
+      throw std::runtime_error("no 'admin listening' line\n" + gateway.diagnostics());
+    std::this_thread::sleep_for(kRetryInterval);
+  }
+}
+
+std::optional<double> metric(const Gateway& gateway, int instance, const std::string& name,
+                             const std::map<std::string, std::string>& labels = {}) {
+  HttpRequest request;
+  request.target = "/metrics";
+  const HttpResponse text =
+      http_request(kLoopback, admin_port(gateway, instance), request, kClientTimeout);
+  return metric_value(text.body, name, labels);
+}
+
+std::optional<double> failovers(const Gateway& gateway, int instance, const std::string& store) {
+  return metric(gateway, instance, "idemgate_store_failovers_total", {{"store", store}});
+}
+
+/// idemgate_duplicate_executions_total summed over the instances (C36).
+std::uint64_t duplicates(const Gateway& gateway) {
+  double sum = 0;
+  for (int i = 0; i < gateway.instances(); ++i)
+    sum += metric(gateway, i, "idemgate_duplicate_executions_total").value_or(0);
+  return static_cast<std::uint64_t>(sum);
+}
+
+// -------------------------------------------------------------------------------------------
+// Configuration.
+
+/// A keyed route `host`/`path` → `upstream`. Without the committed marker (replay_cache_ttl 0s)
+/// every replay reads its record from Postgres, so a replay proves the record survived.
+std::string route(const std::string& name, const std::string& host, const std::string& path,
+                  const std::string& upstream) {
+  return "  - name: " + name + "\n    match: { host: " + host + ", path_prefix: " + path +
+         ", methods: [POST] }\n    upstream: " + upstream +
+         "\n    idempotency: { mode: required, methods: [POST], lock_ttl: 30s, "
+         "on_store_error: fail_closed, commit_timeout: " +
+         std::to_string(std::chrono::seconds(kCommitTimeout).count()) +
+         "s, replay_cache_ttl: 0s }\n";
+}
+
+/// Gateways over `pair` (its multi-host DSN), one route to `payments` for `host`.
+GatewayConfig failover_config(const PgStandbyPair& pair, const PaymentService& payments,
+                              const std::string& host) {
+  // The fixture takes the gateway's DSN from the environment; the payment service keeps the
+  // private stores' database (IDEMGATE_PAYMENTS_DSN).
+  ::setenv("IDEMGATE_PG_DSN", pair.multi_host_dsn().c_str(), 1);
+  GatewayConfig config;
+  config.upstreams = {{"payments", {payments.address()}}};
+  config.routes_yaml =
+      route("c43-" + host.substr(0, host.find('.')), host, "/payments", "payments");
+  config.postgres_operation_timeout = std::to_string(ms(kPgTimeout)) + "ms";
+  return config;
+}
+
+/// One keyed request per instance must execute before any failover.
+void warm_up(const Gateway& gateway, const std::string& host) {
+  for (int i = 0; i < gateway.instances(); ++i) {
+    const Timed t = send_timed(gateway, payment_post(host, unique_name("c43-warm")), i);
+    BOOST_REQUIRE_MESSAGE(t.error.empty(), "warm-up on instance " << i << ": " << t.error << "\n"
+                                                                  << gateway.diagnostics());
+    BOOST_REQUIRE_MESSAGE(executed(t.response), "warm-up on instance "
+                                                    << i << " did not execute:\n"
+                                                    << gateway.explain(t.response));
+  }
+}
+
+/// Sends new keys to `instance` every kRetryInterval until one executes; returns that answer
+/// (or the last one when `deadline` passed first).
+Timed poll_until_executed(const Gateway& gateway, int instance, const std::string& host,
+                          Clock::time_point deadline, std::map<std::string, int>& kinds) {
+  for (;;) {
+    const Timed t = send_timed(gateway, payment_post(host, unique_name("c43-poll")), instance);
+    ++kinds[kind_of(t)];
+    if ((t.error.empty() && executed(t.response)) || Clock::now() > deadline) return t;
+    std::this_thread::sleep_for(kRetryInterval);
+  }
+}
+
+// -------------------------------------------------------------------------------------------
+// Keyed load: each thread sends distinct new keys to its instance, once each, and records the
+// answer its client got.
+
+struct KeyRecord {
+  HttpRequest request;
+  std::vector<Timed> answers;  ///< the load's answer, then those of the checks' retries
+};
+
+class KeyedLoad {
+ public:
+  KeyedLoad(const Gateway& gateway, std::string host) : gateway_(gateway), host_(std::move(host)) {}
+  ~KeyedLoad() { stop(); }
+  KeyedLoad(const KeyedLoad&) = delete;
+  KeyedLoad& operator=(const KeyedLoad&) = delete;
+
+  void start() {
+    for (int t = 0; t < kLoadThreads; ++t) threads_.emplace_back([this, t] { run(t); });
+  }
+
+  void stop() {
+    stopping_ = true;
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
+    threads_.clear();
+  }
+
+  /// Answers recorded so far that executed.
+  std::size_t executions() const {
+    std::lock_guard lock(mutex_);
+    std::size_t n = 0;
+    for (const auto& r : records_)
+      for (const auto& a : r.answers) n += a.error.empty() && executed(a.response);
+    return n;
+  }
+
+  /// The end of the first execution on `instance` of a request sent after `after`.
+  std::optional<Clock::time_point> first_execution(int instance, Clock::time_point after) const {
+    std::lock_guard lock(mutex_);
+    std::optional<Clock::time_point> first;
+    for (const auto& r : records_) {
+      for (const auto& a : r.answers) {
+        if (a.instance != instance || a.start < after || !a.error.empty() || !executed(a.response))
+          continue;
+        if (!first || a.done < *first) first = a.done;
+      }
+    }
+    return first;
+  }
+
+  /// Every key with its answers, once stopped.
+  std::vector<KeyRecord>& records() { return records_; }
+
+ private:
+  void run(int thread) {
+    const int instance = thread % kInstances;
+    while (!stopping_) {
+      KeyRecord record;
+      record.request = payment_post(host_, unique_name("c43-load"));
+      record.answers.push_back(send_timed(gateway_, record.request, instance));
+      {
+        std::lock_guard lock(mutex_);
+        records_.push_back(std::move(record));
+      }
+      std::this_thread::sleep_for(kLoadPace);
+    }
+  }
+
+  const Gateway& gateway_;
+  std::string host_;
+  std::atomic<bool> stopping_{false};
+  std::vector<std::thread> threads_;
+  mutable std::mutex mutex_;
+  std::vector<KeyRecord> records_;
+};
+
+/// Waits until `done()` holds, polling; false after kEventDeadline.
+bool wait_until(const std::function<bool()>& done) {
+  const auto deadline = Clock::now() + kEventDeadline;
+  while (!done()) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(kRetryInterval);
+  }
+  return true;
+}
+
+/// Checks one answer: there is one, of a kind allowed during a failover, and within the bound
+/// derived from the configuration (no request hangs on a store, C25, C26). Reports at most a
+/// few failures in full.
+void check_answer(const Timed& a, std::map<std::string, int>& kinds, int& reported,
+                  const Gateway& gateway) {
+  const std::string kind = kind_of(a);
+  ++kinds[kind];
+  const bool ok = allowed_kind(kind) && a.elapsed() <= kAnswerBound;
+  if (ok) return;
+  if (reported++ < 5) {
+    BOOST_TEST(allowed_kind(kind), "answer of kind " << kind << " on instance " << a.instance
+                                                     << ": " << a.error << "\n"
+                                                     << describe(a.response) << "\n"
+                                                     << gateway.diagnostics());
+    BOOST_TEST(ms(a.elapsed()) <= ms(kAnswerBound), "answered after " << ms(a.elapsed()) << " ms");
+  } else {
+    BOOST_TEST(ok);  // counted, not described again
+  }
+}
+
+/// The figures of one failover under load.
+struct FailoverOutcome {
+  std::size_t keys = 0;
+  std::size_t answered_2xx = 0;        ///< keys whose load answer was a 2xx
+  std::size_t replays_checked = 0;     ///< of those, replayed byte for byte afterwards
+  std::size_t retried_to_execute = 0;  ///< keys whose load answer was 503/409, executed later
+  std::size_t commits_across = 0;      ///< 2xx answers sent before the kill, answered after it
+  std::size_t keys_executed = 0;       ///< keys with exactly one execution among their answers
+  std::int64_t slowest_ms = 0;
+  std::map<std::string, int> kinds;
+};
+
+/// After the failover: every key answered 2xx replays that answer now, byte for byte, through
+/// the other instance (its record survived: 0 lost records); every other key is retried until
+/// it executes. Then each key must have executed exactly once among all its answers.
+FailoverOutcome check_keys(std::vector<KeyRecord>& records, const Gateway& gateway,
+                           Clock::time_point killed) {
+  FailoverOutcome out;
+  out.keys = records.size();
+  int reported = 0;
+  for (auto& record : records) {
+    const Timed first = record.answers.front();
+    check_answer(first, out.kinds, reported, gateway);
+    out.slowest_ms = std::max(out.slowest_ms, ms(first.elapsed()));
+    const int other = (first.instance + 1) % kInstances;
+    if (first.error.empty() && success(first.response)) {
+      ++out.answered_2xx;
+      if (first.start < killed && first.done > killed) ++out.commits_across;
+      const Timed again = send_timed(gateway, record.request, other);
+      record.answers.push_back(again);
+      const bool same = again.error.empty() && replayed(again.response) &&
+                        again.response.status == first.response.status &&
+                        again.response.body == first.response.body;
+      out.replays_checked += same;
+      if (!same && reported++ < 5) {
+        BOOST_TEST(same, "the retry of an answered key is not the replay of its answer; first:\n"
+                             << describe(first.response) << "\nretry: " << again.error << "\n"
+                             << describe(again.response) << "\n"
+                             << gateway.diagnostics());
+      } else if (!same) {
+        BOOST_TEST(same);
+      }
+      continue;
+    }
+    // 503 or 409 at first: retried until it executes once (or replays an execution whose
+    // answer its first client did not get).
+    const auto deadline = Clock::now() + kRecoveryDeadline;
+    for (;;) {
+      const Timed retry = send_timed(gateway, record.request, other);
+      record.answers.push_back(retry);
+      if ((retry.error.empty() && success(retry.response)) || Clock::now() > deadline) break;
+      std::this_thread::sleep_for(kRetryInterval);
+    }
+    const Timed& last = record.answers.back();
+    BOOST_TEST(
+        (last.error.empty() && success(last.response)),
+        "a key refused during the failover never executed afterwards: " << last.error << "\n"
+                                                                        << describe(last.response));
+    out.retried_to_execute += last.error.empty() && executed(last.response);
+  }
+  for (const auto& record : records) {
+    std::size_t executions = 0;
+    for (const auto& a : record.answers) executions += a.error.empty() && executed(a.response);
+    BOOST_TEST(executions <= 1u, "a key executed " << executions << " times");
+    out.keys_executed += executions == 1;
+  }
+  return out;
+}
+
+/// `idemgate keys show` for `key` on `route` with the configuration `config` (run as a child
+/// process); returns its exit status and output.
+std::pair<int, std::string> keys_show(const GatewayConfig& config, const std::string& route,
+                                      const std::string& key) {
+  TempDir dir;
+  const std::string config_path = (dir.path() / "gateway.yaml").string();
+  std::ofstream(config_path) << config.render();
+  ChildOptions o;
+  o.executable = require_env("IDEMGATE_BINARY_DIR") + "/gateway/idemgate";
+  o.args = {"keys", "show", "--config", config_path, "--route", route, key};
+  o.stdout_path = (dir.path() / "keys.out").string();
+  o.stderr_path = (dir.path() / "keys.err").string();
+  ChildProcess child(o);
+  const auto status =
+      child.wait_for(std::chrono::duration_cast<std::chrono::milliseconds>(kEventDeadline));
+  const int code = status ? *status : child.stop();
+  return {code, read_text_file(o.stdout_path) + read_text_file(o.stderr_path)};
+}
+
+std::string key_of(const HttpRequest& request) {
+  for (const auto& [name, value] : request.headers)
+    if (name == "Idempotency-Key") return value;
+  return "";
+}
+
+}  // namespace
+
+BOOST_TEST_GLOBAL_FIXTURE(PrivateStores);
+
+// -------------------------------------------------------------------------------------------
+// C43 — the primary killed under keyed load, the standby promoted
+
+BOOST_AUTO_TEST_CASE(
+    spec_C43_primary_killed_under_load_loses_no_answered_record_and_re_executes_nothing) {
+  PgStandbyPair pair;
+  PaymentService payments({.delay_ms = kPaymentDelayMs});
+  TestUpstream upstream;
+  // One request is held at the upstream across the primary's death: its commit meets the dead
+  // primary and must land on the promoted one before the client is answered (C26).
+  UpstreamReply held;
+  held.hold = true;
+  upstream.on("/held", {held});
+  GatewayConfig config = failover_config(pair, payments, "load.test");
+  config.upstreams.push_back({"held", {upstream.address()}});
+  config.routes_yaml += route("c43-held", "load.test", "/held", "held");
+  Gateway gateway(config, kInstances);
+  warm_up(gateway, "load.test");
+  const auto posts = payments.counter("payment_posts");
+
+  KeyedLoad load(gateway, "load.test");
+  load.start();
+  BOOST_REQUIRE_MESSAGE(wait_until([&] { return load.executions() >= 20; }),
+                        "no steady load\n"
+                            << gateway.diagnostics());
+  const HttpRequest held_request =
+      keyed_post("/held", unique_name("c43-held"), "{\"amount\":1}", {{"Host", "load.test"}});
+  auto held_answer =
+      std::async(std::launch::async, [&] { return send_timed(gateway, held_request, 0); });
+  BOOST_REQUIRE_MESSAGE(upstream.wait_for("/held", 1),
+                        "the held request never reached the upstream\n"
+                            << gateway.diagnostics());
+
+  const auto killed = pair.kill_primary();
+  upstream.release();
+  // While no server takes writes, a new key gets 503 on each instance within operation_timeout
+  // + 1 s (C25): the load alone may meet the outage only in commits that wait for the promotion.
+  std::vector<std::future<Timed>> probes;
+  std::vector<HttpRequest> probe_requests;
+  for (int i = 0; i < kInstances; ++i) {
+    probe_requests.push_back(payment_post("load.test", unique_name("c43-outage")));
+    probes.push_back(std::async(std::launch::async, [&gateway, request = probe_requests.back(), i] {
+      return send_timed(gateway, request, i);
+    }));
+  }
+  std::this_thread::sleep_for(kOutage);
+  std::vector<Timed> probe_answers;
+  for (auto& probe : probes) probe_answers.push_back(probe.get());
+  const auto promoted = pair.promote_standby();
+
+  std::vector<std::optional<Clock::time_point>> recovered(kInstances);
+  wait_until([&] {
+    bool all = true;
+    for (int i = 0; i < kInstances; ++i) {
+      if (!recovered[i]) recovered[i] = load.first_execution(i, promoted);
+      all &= recovered[i].has_value();
+    }
+    return all;
+  });
+  const auto executed_at_recovery = load.executions();
+  wait_until([&] { return load.executions() >= executed_at_recovery + 10; });
+  load.stop();
+
+  std::string recovery_figures;
+  for (int i = 0; i < kInstances; ++i) {
+    BOOST_TEST_CONTEXT("instance " << i) {
+      BOOST_REQUIRE_MESSAGE(recovered[i].has_value(), "no new key executed after the promotion\n"
+                                                          << gateway.diagnostics());
+      const auto after = *recovered[i] - promoted;
+      BOOST_TEST(ms(after) <= ms(kAfterPromotionBound),
+                 "first new key executed " << ms(after) << " ms after the promotion\n"
+                                           << gateway.diagnostics());
+      recovery_figures += " instance" + std::to_string(i) +
+                          "_promotion_to_first_201_ms=" + std::to_string(ms(after));
+    }
+  }
+
+  // The held request: executed once, answered only after its record committed on the promoted
+  // standby, and replayed from there.
+  const Timed held_first = held_answer.get();
+  BOOST_TEST((held_first.error.empty() && executed(held_first.response)),
+             held_first.error << "\n"
+                              << gateway.explain(held_first.response));
+  BOOST_TEST(ms(held_first.elapsed()) <= ms(kAnswerBound));
+  const Timed held_again = send_timed(gateway, held_request, 1);
+  BOOST_TEST(
+      (replayed(held_again.response) && held_again.response.body == held_first.response.body),
+      gateway.explain(held_again.response));
+  BOOST_TEST(upstream.count("/held") == 1u);
+
+  std::string outage_figures;
+  for (int i = 0; i < kInstances; ++i) {
+    const Timed& probe = probe_answers[i];
+    BOOST_TEST_CONTEXT("instance " << i << " during the outage") {
+      BOOST_TEST(store_unavailable(probe.response), probe.error << "\n"
+                                                                << gateway.explain(probe.response));
+      BOOST_TEST(ms(probe.elapsed()) <= ms(kPgTimeout + kStoreFaultSlack));
+    }
+    outage_figures +=
+        " instance" + std::to_string(i) + "_outage_503_ms=" + std::to_string(ms(probe.elapsed()));
+    // Checked with the load's keys: retried until it executes, once.
+    load.records().push_back({probe_requests[i], {probe}});
+  }
+
+  const FailoverOutcome outcome = check_keys(load.records(), gateway, killed);
+  const auto executions = payments.counter("payment_posts") - posts;
+  const auto dups = duplicates(gateway);
+  // Every key executed once in the end, and the upstream saw each once: 0 re-executions.
+  BOOST_TEST(outcome.keys_executed == outcome.keys);
+  BOOST_TEST(executions == outcome.keys_executed,
+             "payment_posts rose by " << executions << " for " << outcome.keys_executed << " keys");
+  BOOST_TEST(outcome.replays_checked == outcome.answered_2xx, "answered records lost");
+  BOOST_TEST(dups == 0u);
+
+  report("C43_primary_killed_under_load", executions, outcome.keys_executed);
+  std::cout << "figures scenario=C43_primary_killed_under_load kill_to_promotion_ms="
+            << ms(promoted - killed) << outage_figures << recovery_figures
+            << " held_commit_answered_after_promotion_ms=" << ms(held_first.done - promoted)
+            << " keys=" << outcome.keys << " answered_2xx=" << outcome.answered_2xx
+            << " replays_checked=" << outcome.replays_checked
+            << " commits_across_kill=" << outcome.commits_across
+            << " retried_to_execute=" << outcome.retried_to_execute << " " << summary(outcome.kinds)
+            << " slowest_answer_ms=" << outcome.slowest_ms << " duplicates=" << dups << std::endl;
+
+  // The multi-host DSN everywhere, with its first host dead: a gateway started now (migrations
+  // at start, then its pools) and the `keys` command reach the promoted standby.
+  Gateway fresh(config, 1);
+  const Timed t = send_timed(fresh, payment_post("load.test", unique_name("c43-fresh")), 0);
+  BOOST_TEST((t.error.empty() && executed(t.response)), t.error << "\n"
+                                                                << fresh.explain(t.response));
+  BOOST_TEST(failovers(fresh, 0, "postgres").value_or(-1) == 0, "its first host is no switch");
+  const auto [status, output] = keys_show(config, "c43-held", key_of(held_request));
+  BOOST_TEST(status == 0, output);
+  BOOST_TEST(output.find("status 201") != std::string::npos, output);
+}
+
+// -------------------------------------------------------------------------------------------
+// C46 — the switch counted and logged once per instance
+
+BOOST_AUTO_TEST_CASE(spec_C46_each_instance_counts_and_logs_the_switch_to_the_promoted_host_once) {
+  PgStandbyPair pair;
+  PaymentService payments;
+  Gateway gateway(failover_config(pair, payments, "c46.test"), kInstances);
+  warm_up(gateway, "c46.test");
+  for (int i = 0; i < kInstances; ++i) {
+    BOOST_TEST_CONTEXT("instance " << i << " before the failover") {
+      BOOST_TEST(failovers(gateway, i, "postgres").value_or(-1) == 0,
+                 "idemgate_store_failovers_total{store=\"postgres\"} is not exported as 0");
+      BOOST_TEST(log_lines(gateway.stderr_text(i), "store failover").empty());
+    }
+  }
+
+  const auto killed = pair.kill_primary();
+  const auto promoted = pair.promote_standby();
+  std::map<std::string, int> kinds;
+  for (int i = 0; i < kInstances; ++i) {
+    const Timed t =
+        poll_until_executed(gateway, i, "c46.test", promoted + kRecoveryDeadline, kinds);
+    BOOST_REQUIRE_MESSAGE(t.error.empty() && executed(t.response),
+                          "instance " << i << " executed nothing after the failover\n"
+                                      << gateway.explain(t.response));
+    // More keys, so that every io thread's pool has met the new primary.
+    for (int n = 0; n < 8; ++n) {
+      const Timed more = send_timed(gateway, payment_post("c46.test", unique_name("c46")), i);
+      ++kinds[kind_of(more)];
+    }
+  }
+
+  for (int i = 0; i < kInstances; ++i) {
+    BOOST_TEST_CONTEXT("instance " << i << " after the failover") {
+      BOOST_TEST(failovers(gateway, i, "postgres").value_or(-1) == 1, gateway.diagnostics());
+      BOOST_TEST(failovers(gateway, i, "redis").value_or(-1) == 0);
+      const auto lines = log_lines(gateway.stderr_text(i), "store failover");
+      BOOST_TEST(lines.size() == 1u, gateway.diagnostics());
+      for (const auto& line : lines) {
+        BOOST_TEST(field(line, "store") == "postgres", json::serialize(line));
+        BOOST_TEST(field(line, "from") == pair.primary_address(), json::serialize(line));
+        BOOST_TEST(field(line, "to") == pair.standby_address(), json::serialize(line));
+      }
+    }
+  }
+  std::cout << "figures scenario=C46_pg_failover_counted_once kill_to_promotion_ms="
+            << ms(promoted - killed) << " from=" << pair.primary_address()
+            << " to=" << pair.standby_address() << " " << summary(kinds) << std::endl;
+}
