@@ -15,9 +15,10 @@ namespace {
 using core::store_errc;
 
 // Any constant works as long as every gateway uses the same one: it names the lock in the
-// database-wide advisory lock space.
-constexpr const char* kMigrationLock = "SELECT pg_advisory_lock(7318041992100651521)";
-constexpr const char* kMigrationUnlock = "SELECT pg_advisory_unlock(7318041992100651521)";
+// database-wide advisory lock space. Transaction-scoped: COMMIT or ROLLBACK releases it on the
+// server session that took it. A session lock would stay behind a transaction pooler, whose
+// next transaction may run on another server session, and block every later start (SPEC C44).
+constexpr const char* kMigrationLock = "SELECT pg_advisory_xact_lock(7318041992100651521)";
 
 struct Finish {
   void operator()(PGconn* conn) const noexcept { PQfinish(conn); }
@@ -52,40 +53,54 @@ boost::system::result<Result> run(PGconn* conn, const char* what, const char* sq
   return store_errc::protocol;
 }
 
-boost::system::result<int> apply_pending(PGconn* conn) {
+// Inside a transaction that holds the migration lock: creates schema_migrations if missing and
+// applies the first migration not recorded there, with its row. Returns how many it applied: 1,
+// or 0 when none is pending.
+boost::system::result<int> apply_next_locked(PGconn* conn) {
+  // `CREATE TABLE IF NOT EXISTS` notices are not news; LOCAL ends with the transaction.
+  auto quiet = run(conn, "SET client_min_messages", "SET LOCAL client_min_messages = warning");
+  if (!quiet) return quiet.error();
+  auto locked = run(conn, "taking the migration lock", kMigrationLock);
+  if (!locked) return locked.error();
   auto created = run(conn, "creating schema_migrations",
                      "CREATE TABLE IF NOT EXISTS schema_migrations ("
                      " version integer PRIMARY KEY,"
                      " applied_at timestamptz NOT NULL DEFAULT now())");
   if (!created) return created.error();
+  // Read under the lock: a process that applied migrations before us has committed them.
   auto rows = run(conn, "reading schema_migrations", "SELECT version FROM schema_migrations");
   if (!rows) return rows.error();
   std::set<int> done;
   for (int i = 0; i < PQntuples(rows->get()); ++i) {
     done.insert(std::stoi(PQgetvalue(rows->get(), i, 0)));
   }
-
-  int applied = 0;
   for (const Migration& migration : embedded_migrations()) {
     if (done.contains(migration.version)) continue;
     const std::string sql(migration.sql);
     const std::string version = std::to_string(migration.version);
-    auto began = run(conn, "BEGIN", "BEGIN");
-    if (!began) return began.error();
     auto step = run(conn, migration.name.data(), sql.c_str());
-    if (step) {
-      step = run(conn, "recording the migration",
-                 "INSERT INTO schema_migrations (version) VALUES ($1::int4)", &version);
-    }
-    if (step) step = run(conn, "COMMIT", "COMMIT");
-    if (!step) {
-      Result rollback(PQexec(conn, "ROLLBACK"));
-      return step.error();
-    }
+    if (!step) return step.error();
+    step = run(conn, "recording the migration",
+               "INSERT INTO schema_migrations (version) VALUES ($1::int4)", &version);
+    if (!step) return step.error();
     spdlog::info("migrations: applied {}", migration.name);
-    ++applied;
+    return 1;
   }
-  return applied;
+  return 0;
+}
+
+// One transaction: the lock, then at most one migration. Returns how many it applied (0 or 1).
+boost::system::result<int> apply_next(PGconn* conn) {
+  auto began = run(conn, "BEGIN", "BEGIN");
+  if (!began) return began.error();
+  auto applied = apply_next_locked(conn);
+  if (!applied) {
+    Result rollback(PQexec(conn, "ROLLBACK"));
+    return applied.error();
+  }
+  auto committed = run(conn, "COMMIT", "COMMIT");
+  if (!committed) return committed.error();
+  return *applied;
 }
 
 }  // namespace
@@ -107,14 +122,15 @@ boost::system::result<int> apply_migrations(std::string_view dsn) {
     return store_errc::unavailable;
   }
 
-  // `CREATE TABLE IF NOT EXISTS` notices are not news.
-  auto quiet = run(conn.get(), "SET client_min_messages", "SET client_min_messages = warning");
-  if (!quiet) return quiet.error();
-  // Held until unlock or disconnect, so a crashed migrator never leaves it behind.
-  auto locked = run(conn.get(), "taking the migration lock", kMigrationLock);
-  if (!locked) return locked.error();
-  auto applied = apply_pending(conn.get());
-  run(conn.get(), "releasing the migration lock", kMigrationUnlock);
+  // Each migration in its own transaction, which also holds the lock (apply_next): nothing of
+  // this session outlives a transaction, so a transaction pooler in between is harmless.
+  int applied = 0;
+  for (;;) {
+    auto next = apply_next(conn.get());
+    if (!next) return next.error();
+    if (*next == 0) break;
+    applied += *next;
+  }
   return applied;
 }
 
