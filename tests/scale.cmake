@@ -60,3 +60,17 @@ idemgate_test(pg_failover_scale_e2e_test scale
 # and the private stores must not share the machine's two cores with other store suites.
 add_dependencies(pg_failover_scale_e2e_test idemgate payment-service)
 set_tests_properties(pg_failover_scale_e2e_test PROPERTIES RUN_SERIAL TRUE)
+
+# Connection poolers (SPEC C44): the gateway and payment service with storage.postgres behind a
+# PgBouncer in transaction pooling mode that this binary starts, stops and starts again, in
+# front of a private Postgres (scripts/local-stores).
+add_library(idemgate_test_pgbouncer STATIC scale/pgbouncer.cpp)
+target_link_libraries(idemgate_test_pgbouncer
+  PUBLIC idemgate_e2e_fixture PRIVATE PostgreSQL::PostgreSQL)
+idemgate_test(pgbouncer_scale_e2e_test scale
+  SOURCES scale/pgbouncer_scale_e2e_test.cpp fault/local_stores.cpp
+  LIBS idemgate_test_pgbouncer idemgate_ops_support idemgate_pg)
+# The test starts both binaries; build them with it. Its storms and restarts must not share
+# the machine's two cores with other store suites.
+add_dependencies(pgbouncer_scale_e2e_test idemgate payment-service)
+set_tests_properties(pgbouncer_scale_e2e_test PROPERTIES RUN_SERIAL TRUE)

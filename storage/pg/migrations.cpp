@@ -17,9 +17,10 @@ namespace {
 using core::store_errc;
 
 // Any constant works as long as every gateway uses the same one: it names the lock in the
-// database-wide advisory lock space.
-constexpr const char* kMigrationLock = "SELECT pg_advisory_lock(7318041992100651521)";
-constexpr const char* kMigrationUnlock = "SELECT pg_advisory_unlock(7318041992100651521)";
+// database-wide advisory lock space. Transaction-scoped: COMMIT or ROLLBACK releases it on the
+// server session that took it. A session lock would stay behind a transaction pooler, whose
+// next transaction may run on another server session, and block every later start (SPEC C44).
+constexpr const char* kMigrationLock = "SELECT pg_advisory_xact_lock(7318041992100651521)";
 
 struct Finish {
   void operator()(PGconn* conn) const noexcept { PQfinish(conn); }
@@ -57,38 +58,70 @@ boost::system::result<Result> run(PGconn* conn, const char* what, const char* sq
   return store_errc::protocol;
 }
 
-boost::system::result<int> apply_pending(PGconn* conn) {
+// The first statements of every migration transaction: quiet notices (`CREATE TABLE IF NOT
+// EXISTS` is not news; LOCAL ends with the transaction, so no session state stays behind a
+// pooler), then the migration lock, held until COMMIT or ROLLBACK.
+boost::system::result<Result> begin_locked(PGconn* conn) {
+  auto began = run(conn, "BEGIN", "BEGIN");
+  if (!began) return began.error();
+  auto quiet = run(conn, "SET client_min_messages", "SET LOCAL client_min_messages = warning");
+  if (!quiet) return quiet.error();
+  return run(conn, "taking the migration lock", kMigrationLock);
+}
+
+// Inside a transaction that holds the migration lock: creates schema_migrations if missing and
+// applies the first migration not recorded there, with its row. Returns how many it applied: 1,
+// or 0 when none is pending.
+boost::system::result<int> apply_next_locked(PGconn* conn) {
   auto created = run(conn, "creating schema_migrations",
                      "CREATE TABLE IF NOT EXISTS schema_migrations ("
                      " version integer PRIMARY KEY,"
                      " applied_at timestamptz NOT NULL DEFAULT now())");
   if (!created) return created.error();
+  // Read under the lock: a process that applied migrations before us has committed them.
   auto rows = run(conn, "reading schema_migrations", "SELECT version FROM schema_migrations");
   if (!rows) return rows.error();
   std::set<int> done;
   for (int i = 0; i < PQntuples(rows->get()); ++i) {
     done.insert(std::stoi(PQgetvalue(rows->get(), i, 0)));
   }
-
-  int applied = 0;
   for (const Migration& migration : embedded_migrations()) {
     if (done.contains(migration.version)) continue;
     const std::string sql(migration.sql);
     const std::string version = std::to_string(migration.version);
-    auto began = run(conn, "BEGIN", "BEGIN");
-    if (!began) return began.error();
     auto step = run(conn, migration.name.data(), sql.c_str());
-    if (step) {
-      step = run(conn, "recording the migration",
-                 "INSERT INTO schema_migrations (version) VALUES ($1::int4)", {version});
-    }
-    if (step) step = run(conn, "COMMIT", "COMMIT");
-    if (!step) {
-      Result rollback(PQexec(conn, "ROLLBACK"));
-      return step.error();
-    }
+    if (!step) return step.error();
+    step = run(conn, "recording the migration",
+               "INSERT INTO schema_migrations (version) VALUES ($1::int4)", {version});
+    if (!step) return step.error();
     spdlog::info("migrations: applied {}", migration.name);
-    ++applied;
+    return 1;
+  }
+  return 0;
+}
+
+// One transaction: the lock, then at most one migration. Returns how many it applied (0 or 1).
+boost::system::result<int> apply_next(PGconn* conn) {
+  auto began = begin_locked(conn);
+  auto applied = began ? apply_next_locked(conn) : boost::system::result<int>(began.error());
+  if (!applied) {
+    Result rollback(PQexec(conn, "ROLLBACK"));
+    return applied.error();
+  }
+  auto committed = run(conn, "COMMIT", "COMMIT");
+  if (!committed) return committed.error();
+  return *applied;
+}
+
+// Each migration in its own transaction, which also holds the lock (apply_next): nothing of
+// this session outlives a transaction, so a transaction pooler in between is harmless.
+boost::system::result<int> apply_pending(PGconn* conn) {
+  int applied = 0;
+  for (;;) {
+    auto next = apply_next(conn);
+    if (!next) return next.error();
+    if (*next == 0) break;
+    applied += *next;
   }
   return applied;
 }
@@ -198,14 +231,18 @@ boost::system::result<std::int64_t> convert(PGconn* conn, const TableState& stat
   return rows;
 }
 
-boost::system::result<PartitionReport> partition_locked(PGconn* conn, int partitions) {
+boost::system::result<PartitionReport> partition_table(PGconn* conn, int partitions) {
   PartitionReport report;
   auto applied = apply_pending(conn);
   if (!applied) return applied.error();
   report.migrations_applied = *applied;
 
-  auto began = run(conn, "BEGIN", "BEGIN");
-  if (!began) return began.error();
+  // One transaction under the migration lock: gateways starting now wait for the conversion.
+  auto began = begin_locked(conn);
+  if (!began) {
+    Result rollback(PQexec(conn, "ROLLBACK"));
+    return began.error();
+  }
   auto finish = [&](boost::system::result<PartitionReport> outcome) {
     Result end(PQexec(conn, outcome ? "COMMIT" : "ROLLBACK"));
     if (outcome && (!end || PQresultStatus(end.get()) != PGRES_COMMAND_OK)) {
@@ -232,7 +269,8 @@ boost::system::result<PartitionReport> partition_locked(PGconn* conn, int partit
   return finish(report);
 }
 
-// A connection for migrations: notices to the log, quiet about `IF NOT EXISTS`.
+// A connection for migrations, its notices to the log. No session state: each transaction sets
+// what it needs (begin_locked).
 boost::system::result<Connection> connect(std::string_view dsn) {
   const std::string conninfo(dsn);
   // Entries before the expanded dbname are overridden by the DSN's own settings.
@@ -245,23 +283,7 @@ boost::system::result<Connection> connect(std::string_view dsn) {
     spdlog::error("migrations: cannot connect: {}", trimmed(PQerrorMessage(conn.get())));
     return store_errc::unavailable;
   }
-  // `CREATE TABLE IF NOT EXISTS` notices are not news.
-  auto quiet = run(conn.get(), "SET client_min_messages", "SET client_min_messages = warning");
-  if (!quiet) return quiet.error();
   return conn;
-}
-
-// Runs `work` under the migration lock, held until unlock or disconnect, so a crashed migrator
-// never leaves it behind.
-template <class Work>
-auto with_migration_lock(std::string_view dsn, Work work) -> decltype(work(nullptr)) {
-  auto conn = connect(dsn);
-  if (!conn) return conn.error();
-  auto locked = run(conn->get(), "taking the migration lock", kMigrationLock);
-  if (!locked) return locked.error();
-  auto outcome = work(conn->get());
-  run(conn->get(), "releasing the migration lock", kMigrationUnlock);
-  return outcome;
 }
 
 }  // namespace
@@ -271,15 +293,18 @@ std::span<const Migration> embedded_migrations() noexcept {
 }
 
 boost::system::result<int> apply_migrations(std::string_view dsn) {
-  return with_migration_lock(dsn, [](PGconn* conn) { return apply_pending(conn); });
+  auto conn = connect(dsn);
+  if (!conn) return conn.error();
+  return apply_pending(conn->get());
 }
 
 boost::system::result<PartitionReport> partition_records(std::string_view dsn, int partitions) {
   if (partitions < kMinRecordPartitions || partitions > kMaxRecordPartitions) {
     throw std::invalid_argument("partition_records: partitions must be in 2..1024");
   }
-  return with_migration_lock(
-      dsn, [partitions](PGconn* conn) { return partition_locked(conn, partitions); });
+  auto conn = connect(dsn);
+  if (!conn) return conn.error();
+  return partition_table(conn->get(), partitions);
 }
 
 }  // namespace idemgate::storage::pg

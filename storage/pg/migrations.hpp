@@ -22,9 +22,11 @@ std::span<const Migration> embedded_migrations() noexcept;
 
 /// Applies every embedded migration not yet listed in `schema_migrations` (created if missing),
 /// in version order, each in its own transaction together with its `schema_migrations` row.
-/// Several processes may run this at once: a session-level `pg_advisory_lock` serialises them,
-/// so each migration is applied exactly once. Tables are created in the first schema of the
-/// connection's search_path.
+/// Several processes may run this at once: each of those transactions first takes a
+/// transaction-scoped `pg_advisory_xact_lock`, so each migration is applied exactly once. No
+/// session state outlives a transaction, so this works through a transaction pooler such as
+/// PgBouncer with `pool_mode = transaction` (SPEC C44). Tables are created in the first schema
+/// of the connection's search_path.
 ///
 /// Blocking (libpq synchronous calls): for start-up and `idemgate migrate` (SPEC §1), never on
 /// an io thread. Returns the number of migrations applied (0: already up to date).

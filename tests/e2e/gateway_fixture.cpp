@@ -513,7 +513,11 @@ std::string GatewayConfig::render() const {
     << "storage:\n"
     << "  postgres: { dsn: "
     << yaml_quoted(postgres_dsn.empty() ? require_env("IDEMGATE_PG_DSN") : postgres_dsn)
-    << ", pool_size: 4, operation_timeout: " << postgres_operation_timeout << " }\n"
+    << ", pool_size: " << postgres_pool_size
+    << ", operation_timeout: " << postgres_operation_timeout;
+  if (prepared_statements)
+    y << ", prepared_statements: " << (*prepared_statements ? "true" : "false");
+  y << " }\n"
     << "  redis: { ";
   if (redis.empty()) {
     const auto [redis_host, redis_port] = split_host_port(require_env("IDEMGATE_REDIS_ADDR"));

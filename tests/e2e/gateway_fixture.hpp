@@ -254,10 +254,14 @@ struct GatewayConfig {
   /// The flow mapping of `limits`.
   std::string limits = "{ max_request_body: 1MiB, drain_timeout: 2s }";
   int threads = 2;
-  /// `storage.postgres.dsn`; empty: IDEMGATE_PG_DSN.
-  std::string postgres_dsn;
   /// `storage.postgres.operation_timeout` and `storage.redis.operation_timeout` (SPEC C25).
   std::string postgres_operation_timeout = "2s";
+  /// `storage.postgres.dsn`; empty: IDEMGATE_PG_DSN (e.g. a PgBouncer in front of it, C44).
+  std::string postgres_dsn;
+  /// `storage.postgres.pool_size` (connections per gateway process).
+  int postgres_pool_size = 4;
+  /// `storage.postgres.prepared_statements` (SPEC C44); nullopt: not written, the default.
+  std::optional<bool> prepared_statements;
   std::string redis_operation_timeout = "500ms";
   /// Entries of the `storage.redis` flow mapping other than operation_timeout (e.g.
   /// `sentinels: ["127.0.0.1:26379"], master_name: m`); empty: address and port from
