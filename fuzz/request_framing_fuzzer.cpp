@@ -25,7 +25,9 @@
 #include "gateway/core/fingerprint.hpp"
 #include "gateway/core/idempotency_key.hpp"
 #include "gateway/http/headers.hpp"
+#include "gateway/http/request_id.hpp"
 #include "gateway/http/router.hpp"
+#include "gateway/http/traceparent.hpp"
 #include "gateway/request_identity.hpp"
 
 namespace bhttp = boost::beast::http;
@@ -121,6 +123,19 @@ void process(bhttp::request<bhttp::string_body> req, const config::Config& cfg) 
   const unsigned version = req.version();
   const auto te = req.count(bhttp::field::transfer_encoding);
   if (te > 0 && (!req.chunked() || version < 11)) return;  // 400 bad framing, connection closes
+
+  // The request's ids (session.cpp take_ids): with the default request_id section every request
+  // ends up with exactly one valid id in its field; a trace id is 32 lower-case hex digits.
+  std::string id_storage;
+  const std::string id(http::apply_request_id(req.base(), cfg.request_id, id_storage));
+  check(http::valid_request_id(id), "the request id is valid");
+  check(req.count(cfg.request_id.header) == 1 && req[cfg.request_id.header] == id,
+        "the request field holds the request id");
+  const std::string_view trace_id = http::request_trace_id(req.base());
+  check(trace_id.empty() || (trace_id.size() == http::kTraceIdBytes &&
+                             trace_id.find_first_not_of("0123456789abcdef") == trace_id.npos &&
+                             trace_id != std::string(http::kTraceIdBytes, '0')),
+        "a trace id is 32 lower-case hex digits, not all zero");
 
   const std::string method(req.method_string());
   const std::string target(req.target());

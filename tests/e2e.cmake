@@ -12,3 +12,9 @@ idemgate_test(gateway_e2e_test e2e
   LIBS idemgate_e2e_fixture)
 # The test starts both binaries; build them with it.
 add_dependencies(gateway_e2e_test idemgate payment-service)
+
+# Request ids and W3C traceparent (conf/REFERENCE.md, request_id) through the real binary.
+idemgate_test(request_id_e2e_test e2e
+  SOURCES e2e/request_id_e2e_test.cpp
+  LIBS idemgate_e2e_fixture)
+add_dependencies(request_id_e2e_test idemgate)

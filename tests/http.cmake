@@ -4,3 +4,4 @@ idemgate_test(headers_test unit SOURCES unit/headers_test.cpp LIBS idemgate_http
 idemgate_test(proxy_e2e_test e2e SOURCES http/proxy_e2e_test.cpp LIBS idemgate_http)
 idemgate_test(upstream_response_test unit SOURCES unit/upstream_response_test.cpp LIBS idemgate_http)
 idemgate_test(json_log_test unit SOURCES unit/json_log_test.cpp LIBS idemgate_http)
+idemgate_test(request_id_test unit SOURCES unit/request_id_test.cpp LIBS idemgate_http)

@@ -162,6 +162,16 @@ struct Idempotency {
   std::size_t replay_cache_max_bytes = 16 * 1024;
 };
 
+/// `request_id:` — the request id field (conf/REFERENCE.md, "request_id"). A received id that
+/// is valid (1–200 bytes of visible ASCII, one field) is forwarded unchanged, returned on the
+/// response and logged; otherwise, with `generate`, a fresh UUID v4 replaces it.
+struct RequestId {
+  std::string header = "X-Request-Id";  ///< an RFC 9110 token; not a field the gateway manages
+  /// true: a request without a valid id gets a generated one (forwarded, returned, logged);
+  /// false: the request field is never written; only a valid received id is returned and logged.
+  bool generate = true;
+};
+
 struct Match {
   std::string path_prefix;           ///< empty: not used
   std::string path;                  ///< exact path; empty: not used
@@ -184,6 +194,7 @@ struct Config {
   Listen admin{"127.0.0.1", 9090, {}, {}};
   int threads = 0;  ///< 0 → hardware cores, resolved by the loader to ≥ 1
   Limits limits;
+  RequestId request_id;
   Storage storage;
   std::map<std::string, Upstream> upstreams;
   std::vector<Route> routes;  ///< in file order

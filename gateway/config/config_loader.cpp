@@ -182,6 +182,19 @@ std::optional<std::string> json_pointer_problem(std::string_view p) {
   return std::nullopt;
 }
 
+// Fields the gateway sets, strips or reads itself, and credentials: a generated request id
+// written over any of them would break the request.
+constexpr std::string_view kNotRequestIdFields[] = {
+    // hop-by-hop (SPEC C02)
+    "Connection", "Keep-Alive", "Proxy-Connection", "TE", "Trailer", "Transfer-Encoding", "Upgrade",
+    "Proxy-Authorization", "Proxy-Authenticate",
+    // set or read by the proxy
+    "Host", "Content-Length", "Content-Type", "Content-Encoding", "Expect", "Date", "Via",
+    "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host", "traceparent", "tracestate",
+    // credentials and the contract's own fields
+    "Authorization", "Cookie", "Set-Cookie", "Idempotency-Key", "Idempotent-Replayed",
+    "Idempotent-Body-Omitted", "Idempotency-Status"};
+
 template <class T>
 struct Choice {
   std::string_view name;
@@ -244,6 +257,7 @@ class Loader {
   // Sections.
   void listen(const Field& f, Listen& out, bool is_admin);
   void limits(const Field& f);
+  void request_id(const Field& f);
   void storage(const Field& f);
   void upstreams(const Field& f);
   Server server(const Field& f) const;
@@ -476,8 +490,9 @@ std::shared_ptr<Config> Loader::load(const std::string& text) {
   config_ = std::make_shared<Config>();
   config_->source_file = file_;
   const Field root{docs[0], "", docs[0].Mark().line + 1};
-  const Map top(*this, root,
-                {"listen", "admin", "threads", "limits", "storage", "upstreams", "routes"});
+  const Map top(
+      *this, root,
+      {"listen", "admin", "threads", "limits", "request_id", "storage", "upstreams", "routes"});
 
   const Field listen_field = top.require("listen");
   listen(listen_field, config_->listen, false);
@@ -502,6 +517,8 @@ std::shared_ptr<Config> Loader::load(const std::string& text) {
     config_->threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
   if (auto f = top.get("limits")) limits(*f);
+  // Before routes: a route's key must not come from a generated request id.
+  if (auto f = top.get("request_id")) request_id(*f);
   storage(top.require("storage"));
   upstreams(top.require("upstreams"));
   routes(top.require("routes"));
@@ -538,6 +555,23 @@ void Loader::limits(const Field& f) {
   if (auto v = m.get("stream_buffer")) l.stream_buffer = size(*v, KiB, 16 * MiB);
   if (auto v = m.get("max_streamed_body")) l.max_streamed_body = size(*v, 1, 1024 * GiB);
   if (auto v = m.get("tunnel_idle_timeout")) l.tunnel_idle_timeout = duration(*v, 10ms, 24h);
+}
+
+void Loader::request_id(const Field& f) {
+  const Map m(*this, f, {"header", "generate"});
+  RequestId& r = config_->request_id;
+  if (auto v = m.get("header")) {
+    r.header = non_empty(*v);
+    if (!is_token(r.header)) fail(*v, in_quotes(r.header) + " is not a valid header name");
+    for (std::string_view reserved : kNotRequestIdFields) {
+      if (iequals(r.header, reserved)) {
+        fail(*v, in_quotes(r.header) +
+                     " is a field the gateway or the idempotency contract already uses; choose "
+                     "another name, e.g. X-Request-Id");
+      }
+    }
+  }
+  if (auto v = m.get("generate")) r.generate = choice<bool>(*v, {{"true", true}, {"false", false}});
 }
 
 void Loader::storage(const Field& f) {
@@ -863,7 +897,30 @@ void Loader::idempotency(const Field& f, Route& route) {
     const Map fp(*this, *v, {"headers"});
     if (auto h = fp.get("headers")) idem.fingerprint_headers = tokens(*h, "header name", true);
   }
-  if (auto v = m.get("key_source")) key_source(*v, idem.key_source);
+  if (auto v = m.get("key_source")) {
+    key_source(*v, idem.key_source);
+    // A generated id is new on every request: as a key it would make each retry a new
+    // operation, and a required key would never be missing.
+    const RequestId& rid = config_->request_id;
+    const auto& ks = idem.key_source;
+    if (rid.generate &&
+        (iequals(ks.header, rid.header) ||
+         std::any_of(ks.headers.begin(), ks.headers.end(),
+                     [&](const std::string& h) { return iequals(h, rid.header); }))) {
+      fail(*v, "the key cannot come from " + rid.header +
+                   ", where the gateway generates request ids; set request_id.generate: false "
+                   "or take the key from another field");
+    }
+  }
+  for (const auto* list : {&idem.key_scope_headers, &idem.fingerprint_headers}) {
+    if (!config_->request_id.generate) break;
+    for (const auto& h : *list) {
+      if (!iequals(h, config_->request_id.header)) continue;
+      warn(m.get(list == &idem.key_scope_headers ? "key_scope" : "fingerprint").value_or(f),
+           h + " differs from request to request when the gateway generates it (request_id): "
+               "retries of one operation would not be recognised");
+    }
+  }
 
   const auto upstream_key = m.get("upstream_key");
   if (upstream_key) {

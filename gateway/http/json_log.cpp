@@ -382,7 +382,8 @@ void log_json(spdlog::level::level_enum level, std::string_view msg, boost::json
 void log_access(std::chrono::system_clock::time_point time, std::string_view route,
                 std::string_view method, std::string_view target, unsigned status,
                 std::string_view outcome, std::string_view key_hash, double upstream_ms,
-                double total_ms, std::string_view client, bool written) {
+                double total_ms, std::string_view client, bool written, std::string_view request_id,
+                std::string_view trace_id) {
   auto* logger = spdlog::default_logger_raw();
   if (!logger->should_log(spdlog::level::info)) return;
   auto& line = render_buffer();
@@ -406,7 +407,12 @@ void log_access(std::chrono::system_clock::time_point time, std::string_view rou
   fmt::format_to(std::back_inserter(line), "{:.3f}", total_ms);
   append_key(line, "client");
   append_string(line, client);
-  append(line, written ? ",\"written\":true}" : ",\"written\":false}");
+  append(line, written ? ",\"written\":true" : ",\"written\":false");
+  append_key(line, "request_id");
+  append_string(line, request_id);
+  append_key(line, "trace_id");
+  append_string(line, trace_id);
+  line.push_back('}');
   access_line = true;
   logger->log(spdlog::level::info, spdlog::string_view_t(line.data(), line.size()));
   access_line = false;

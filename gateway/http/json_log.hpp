@@ -21,13 +21,16 @@ void log_json(spdlog::level::level_enum level, std::string_view msg,
               boost::json::object fields = {});
 
 /// The access line of one request (SPEC C32), exactly as `log_json(info, "access", {time, route,
-/// method, target, status, outcome, key_hash, upstream_ms, total_ms, client, written})` writes
-/// it, rendered into a buffer the thread reuses instead of through a boost::json::object.
+/// method, target, status, outcome, key_hash, upstream_ms, total_ms, client, written,
+/// request_id, trace_id})` writes it, rendered into a buffer the thread reuses instead of
+/// through a boost::json::object. `request_id` is the request's id ("" when it has none),
+/// `trace_id` the trace id of its valid `traceparent` ("" when none; conf/REFERENCE.md).
 /// Thread safety: as log_json.
 void log_access(std::chrono::system_clock::time_point time, std::string_view route,
                 std::string_view method, std::string_view target, unsigned status,
                 std::string_view outcome, std::string_view key_hash, double upstream_ms,
-                double total_ms, std::string_view client, bool written);
+                double total_ms, std::string_view client, bool written, std::string_view request_id,
+                std::string_view trace_id);
 
 /// A logger that writes JSON lines (make_json_formatter) to `fd` (stderr; a test's pipe) without
 /// making the logging thread wait for it: each thread appends its lines to a buffer of its own

@@ -374,6 +374,7 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
     res.set(bhttp::field::upgrade, protocol.empty() ? std::string("websocket") : protocol);
     res.set(bhttp::field::date, format_http_date(std::chrono::system_clock::now()));
     append_to_list(res.base(), "Via", kViaEntry);
+    if (!in.request_id.empty()) res.set(in.request_id_header, in.request_id);
     res.body().data = nullptr;
     res.body().size = 0;
     res.body().more = false;
@@ -425,6 +426,7 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
   res.version(in.client_version);
   res.set(bhttp::field::date, format_http_date(std::chrono::system_clock::now()));
   append_to_list(res.base(), "Via", kViaEntry);
+  if (!in.request_id.empty()) res.set(in.request_id_header, in.request_id);
   bool keep_alive = in.client_keep_alive && parser.is_done();
   if (bodyless) {
     res.erase(bhttp::field::content_length);

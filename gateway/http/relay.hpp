@@ -14,6 +14,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "gateway/config/config.hpp"
 #include "gateway/http/byte_stream.hpp"
@@ -47,6 +48,11 @@ struct RelayRequest {
   RequestHandler* handler = nullptr;  ///< strip_owned_fields on the response header
   /// Called when a tunnel opens (true) and closes (false), for the open-tunnels gauge.
   std::function<void(bool)> tunnel_observer;
+  /// The request's id ("" when none) and the field that carries it: set on the response header
+  /// in place of any the upstream sent (conf/REFERENCE.md, "request_id"). Both point into what
+  /// the session holds until relay() returns.
+  std::string_view request_id_header;
+  std::string_view request_id;
 };
 
 /// How a streamed exchange ended: what the session logs and counts.
@@ -82,7 +88,8 @@ struct RelayOutcome {
 ///   other side's progress is not idle: only one read or write is pending at a time.
 /// - The response keeps the upstream's Content-Length when it has one; otherwise it goes out
 ///   chunked to an HTTP/1.1 client and delimited by closing the connection to an HTTP/1.0 one
-///   (C03). Hop-by-hop fields and the handler's owned fields are removed, Date set, Via added.
+///   (C03). Hop-by-hop fields and the handler's owned fields are removed, Date set, Via added,
+///   and the request id set (when the request has one).
 /// - An upstream failure before the response header → `problem` (502 upstream-unreachable or
 ///   upstream-failed, 504 upstream-timeout). Any failure after it → the client connection is
 ///   closed with the response visibly incomplete, and `cut` says why.

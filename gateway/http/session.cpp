@@ -28,7 +28,9 @@
 #include "gateway/http/json_log.hpp"
 #include "gateway/http/problem.hpp"
 #include "gateway/http/relay.hpp"
+#include "gateway/http/request_id.hpp"
 #include "gateway/http/router.hpp"
+#include "gateway/http/traceparent.hpp"
 #include "gateway/http/use_nothrow.hpp"
 
 namespace idemgate::http {
@@ -99,8 +101,12 @@ double to_ms(std::chrono::microseconds us) {
   return static_cast<double>(us.count()) / 1000.0;
 }
 
-void finalize_response(Response& res, unsigned version, bool keep_alive, bool head) {
+/// `request_id` ("" when the request has none) replaces any such field of the upstream's or the
+/// stored response: the field names this request (conf/REFERENCE.md, "request_id").
+void finalize_response(Response& res, unsigned version, bool keep_alive, bool head,
+                       const config::RequestId& ids, std::string_view request_id) {
   strip_hop_by_hop(res.base());
+  if (!request_id.empty()) res.set(ids.header, request_id);
   res.version(version);
   res.set(bhttp::field::date, format_http_date(std::chrono::system_clock::now()));
   append_to_list(res.base(), "Via", kViaEntry);
@@ -142,6 +148,9 @@ class BasicSession final : public Session {
                                    const config::Upstream& upstream, Clock::time_point started,
                                    std::chrono::system_clock::time_point started_wall);
   asio::awaitable<void> lingering_close();
+  /// Sets request_id_ and trace_id_ for the request whose header is `fields` (nullptr: the
+  /// header could not be parsed) and makes its id field agree (apply_request_id).
+  void take_ids(bhttp::fields* fields, const config::RequestId& ids);
 
   Stream stream_;
   std::shared_ptr<SessionContext> context_;
@@ -149,6 +158,9 @@ class BasicSession final : public Session {
   State state_ = State::idle;
   bool close_after_response_ = false;
   bool reject_pending_input_ = false;  ///< a rejected request's rest may still be arriving
+  /// The current request's id and trace id ("" when none); their capacity is reused.
+  std::string request_id_;
+  std::string trace_id_;
 };
 
 template <class Stream>
@@ -222,6 +234,18 @@ asio::awaitable<void> BasicSession<Stream>::run() {
     }
   }
   lowest().close();
+}
+
+template <class Stream>
+void BasicSession<Stream>::take_ids(bhttp::fields* fields, const config::RequestId& ids) {
+  if (fields == nullptr) {
+    bhttp::fields none;
+    apply_request_id(none, ids, request_id_);
+    trace_id_.clear();
+    return;
+  }
+  apply_request_id(*fields, ids, request_id_);
+  trace_id_.assign(request_trace_id(*fields));
 }
 
 template <class Stream>
@@ -342,6 +366,9 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
     }
   }
 
+  // Before anything is answered: every answer, the gateway's own included, carries the id.
+  take_ids(parser.is_header_done() ? &parser.get() : nullptr, config->request_id);
+
   // Routed by the header alone; what the handler does not need whole is streamed (C38, C40).
   bool routed = false;
   if (!reject) {
@@ -438,9 +465,12 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
         failure = "unknown exception";
       }
       if (!failure.empty()) {
-        log_json(
-            spdlog::level::err, "handler failed",
-            {{"route", route->name}, {"method", method}, {"target", target}, {"error", failure}});
+        log_json(spdlog::level::err, "handler failed",
+                 {{"route", route->name},
+                  {"method", method},
+                  {"target", target},
+                  {"error", failure},
+                  {"request_id", request_id_}});
         keep_alive = false;
         result = HandlerResult{};
         result.response =
@@ -453,7 +483,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
   }
 
   Response& res = result.response;
-  finalize_response(res, version, keep_alive, head);
+  finalize_response(res, version, keep_alive, head, config->request_id, request_id_);
   // Written piece by piece, each within idle_timeout: a client that reads a large held answer
   // slowly but steadily gets all of it (C07); one that stops reading is cut.
   boost::system::error_code wec;
@@ -476,7 +506,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
   const auto total = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
   log_access(started_wall, route ? std::string_view(route->name) : std::string_view(), method,
              target, res.result_int(), result.outcome, result.key_hash, to_ms(result.upstream_time),
-             to_ms(total), client_ip_, !wec);
+             to_ms(total), client_ip_, !wec, request_id_, trace_id_);
   if (context_->observers.request_done) {
     context_->observers.request_done(route ? std::string_view(route->name) : std::string_view(),
                                      result.outcome, result.upstream_time);
@@ -532,6 +562,8 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
   request.pool = context_->handler->streaming_pool();
   request.handler = context_->handler;
   request.tunnel_observer = context_->observers.tunnel;
+  request.request_id_header = config.request_id.header;
+  request.request_id = request_id_;
   state_ = State::busy;
   RelayOutcome outcome = co_await relay(std::move(request));
 
@@ -554,7 +586,7 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
   }
   if (outcome.problem) {
     Response& res = *outcome.problem;
-    finalize_response(res, version, outcome.keep_alive, head);
+    finalize_response(res, version, outcome.keep_alive, head, config.request_id, request_id_);
     status = res.result_int();
     lowest().expires_after(limits.idle_timeout);
     auto [ec, n] = co_await bhttp::async_write(stream_, res, use_nothrow);
@@ -564,7 +596,10 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
     if (!streamed.is_done()) reject_pending_input_ = true;
     if (outcome.outcome == "upstream_error") {
       log_json(spdlog::level::warn, "upstream failed",
-               {{"route", route.name}, {"upstream", upstream.name}, {"detail", res.body()}});
+               {{"route", route.name},
+                {"upstream", upstream.name},
+                {"detail", res.body()},
+                {"request_id", request_id_}});
     }
   }
   const bool keep_alive = outcome.keep_alive && !close_after_response_ && !context_->draining;
@@ -576,7 +611,8 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
               {"method", method},
               {"target", target},
               {"client", client_ip_},
-              {"detail", outcome.cut}});
+              {"detail", outcome.cut},
+              {"request_id", request_id_}});
   }
   if (outcome.tunnel) {
     // A tunnel's line carries what it moved (C40).
@@ -592,11 +628,14 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
               {"total_ms", to_ms(total)},
               {"client", client_ip_},
               {"written", written},
+              {"request_id", request_id_},
+              {"trace_id", trace_id_},
               {"bytes_in", outcome.bytes_in},
               {"bytes_out", outcome.bytes_out}});
   } else {
     log_access(started_wall, route.name, method, target, status, outcome.outcome, "",
-               to_ms(outcome.upstream_time), to_ms(total), client_ip_, written);
+               to_ms(outcome.upstream_time), to_ms(total), client_ip_, written, request_id_,
+               trace_id_);
   }
   if (context_->observers.request_done) {
     context_->observers.request_done(route.name, outcome.outcome, outcome.upstream_time);

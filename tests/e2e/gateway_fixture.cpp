@@ -509,8 +509,9 @@ std::string GatewayConfig::render() const {
   y << "listen: { address: " << kLoopback << ", port: 0 }\n"
     << "admin: { address: " << kLoopback << ", port: 0 }\n"
     << "threads: " << threads << "\n"
-    << "limits: " << limits << "\n"
-    << "storage:\n"
+    << "limits: " << limits << "\n";
+  if (!request_id.empty()) y << "request_id: " << request_id << "\n";
+  y << "storage:\n"
     << "  postgres: { dsn: "
     << yaml_quoted(postgres_dsn.empty() ? require_env("IDEMGATE_PG_DSN") : postgres_dsn)
     << ", pool_size: " << postgres_pool_size

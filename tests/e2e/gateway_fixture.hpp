@@ -270,6 +270,9 @@ struct GatewayConfig {
   /// The flow mapping of `storage.cleanup` (e.g. `{ interval: 1s, batch: 2 }`); empty: not
   /// written, the defaults apply (SPEC C24).
   std::string cleanup;
+  /// The flow mapping of `request_id` (e.g. `{ generate: false }`); empty: not written, the
+  /// defaults apply.
+  std::string request_id;
 
   /// The YAML text. Throws std::runtime_error when a store variable is missing.
   std::string render() const;

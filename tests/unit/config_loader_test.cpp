@@ -291,7 +291,7 @@ BOOST_AUTO_TEST_CASE(empty_document_and_non_mapping_root_are_rejected) {
 BOOST_AUTO_TEST_CASE(unknown_keys_are_rejected_at_every_level) {
   BOOST_TEST(error_of(kBase + "lisen: {}\n") ==
              "t.yaml:12: lisen: unknown key (expected one of: listen, admin, threads, limits, "
-             "storage, upstreams, routes)");
+             "request_id, storage, upstreams, routes)");
   BOOST_TEST(error_of(with_idempotency("      tll: 48h\n")) ==
              "t.yaml:12: routes[0].idempotency.tll: unknown key (expected one of: mode, methods, "
              "ttl, lock_ttl, key_scope, fingerprint, upstream_key, upstream_key_secret_file, "
@@ -420,6 +420,70 @@ BOOST_AUTO_TEST_CASE(spec_C38_C40_streaming_limits_have_defaults_and_ranges) {
              "t.yaml:12: limits.max_streamed_body: must be between 1B and 1024GiB, got 0B");
 }
 
+BOOST_AUTO_TEST_CASE(request_id_defaults_to_a_generated_x_request_id) {
+  const auto d = load(kBase);
+  BOOST_TEST(d->request_id.header == "X-Request-Id");
+  BOOST_TEST(d->request_id.generate);
+  const auto c = load(kBase + "request_id: { header: X-Correlation-ID, generate: false }\n");
+  BOOST_TEST(c->request_id.header == "X-Correlation-ID");
+  BOOST_TEST(!c->request_id.generate);
+  BOOST_TEST(load(kBase + "request_id: {}\n")->request_id.header == "X-Request-Id");
+}
+
+BOOST_AUTO_TEST_CASE(request_id_header_is_a_field_name_the_gateway_does_not_use_otherwise) {
+  BOOST_TEST(error_of(kBase + "request_id: { header: \"Request Id\" }\n") ==
+             "t.yaml:12: request_id.header: \"Request Id\" is not a valid header name");
+  BOOST_TEST(error_of(kBase + "request_id: { header: \"\" }\n") ==
+             "t.yaml:12: request_id.header: must not be empty");
+  for (const char* used :
+       {"Connection", "host", "Content-Length", "X-Forwarded-For", "Via", "Authorization",
+        "Idempotency-Key", "Idempotent-Replayed", "traceparent"}) {
+    BOOST_TEST(error_of(kBase + "request_id: { header: " + used + " }\n") ==
+               "t.yaml:12: request_id.header: \"" + std::string(used) +
+                   "\" is a field the gateway or the idempotency contract already uses; choose "
+                   "another name, e.g. X-Request-Id");
+  }
+  BOOST_TEST(error_of(kBase + "request_id: { generate: yes }\n") ==
+             "t.yaml:12: request_id.generate: expected one of true | false, got \"yes\"");
+  BOOST_TEST(error_of(kBase + "request_id: { generated: true }\n") ==
+             "t.yaml:12: request_id.generated: unknown key (expected one of: header, generate)");
+  BOOST_TEST(error_of(kBase + "request_id: X-Request-Id\n") ==
+             "t.yaml:12: request_id: expected a mapping, got \"X-Request-Id\"");
+}
+
+BOOST_AUTO_TEST_CASE(request_id_that_the_gateway_generates_cannot_be_a_key) {
+  // Reported on the key_source line, wherever request_id stands in the file.
+  BOOST_TEST(error_of(with_idempotency("      key_source: { header: x-request-id }\n")) ==
+             "t.yaml:12: routes[0].idempotency.key_source: the key cannot come from "
+             "X-Request-Id, where the gateway generates request ids; set request_id.generate: "
+             "false or take the key from another field");
+  BOOST_TEST(error_of(with_idempotency("      key_source: { headers: [X-Tenant, X-Request-Id] }\n"
+                                       "request_id: { generate: true }\n")) ==
+             "t.yaml:12: routes[0].idempotency.key_source: the key cannot come from "
+             "X-Request-Id, where the gateway generates request ids; set request_id.generate: "
+             "false or take the key from another field");
+  // Without generation the client's id may be the key.
+  const auto c =
+      load(with_idempotency("      key_source: { header: X-Request-Id }\n"
+                            "request_id: { generate: false }\n"));
+  BOOST_TEST(c->routes.at(0).idempotency.key_source.header == "X-Request-Id");
+  // In the scope or the fingerprint it only warns: a client that repeats its id still works.
+  const auto w =
+      load(with_idempotency("      key_scope: { headers: [X-Request-Id] }\n"
+                            "      fingerprint: { headers: [x-request-id] }\n"));
+  BOOST_TEST(has_warning(*w,
+                         "t.yaml:12: routes[0].idempotency.key_scope: X-Request-Id differs from "
+                         "request to request when the gateway generates it (request_id): "
+                         "retries of one operation would not be recognised"));
+  BOOST_TEST(has_warning(*w,
+                         "t.yaml:13: routes[0].idempotency.fingerprint: x-request-id differs "
+                         "from request to request when the gateway generates it (request_id): "
+                         "retries of one operation would not be recognised"));
+  BOOST_TEST(load(with_idempotency("      key_scope: { headers: [X-Request-Id] }\n"
+                                   "request_id: { generate: false }\n"))
+                 ->warnings.empty());
+}
+
 BOOST_AUTO_TEST_CASE(spec_C40_route_upgrade_takes_websocket_only) {
   BOOST_TEST(load(kBase)->routes.at(0).upgrade.empty());
   const auto c =
@@ -438,7 +502,7 @@ BOOST_AUTO_TEST_CASE(ports_are_1_to_65535_and_listeners_may_take_0) {
              "t.yaml:1: listen.port: expected an integer, got \"http\"");
   BOOST_TEST(error_of(kBase + "admin: { port: 0 }\nstorage2: 1\n") ==
              "t.yaml:13: storage2: unknown key (expected one of: listen, admin, threads, limits, "
-             "storage, upstreams, routes)");
+             "request_id, storage, upstreams, routes)");
   BOOST_TEST(load(kBase + "admin: { port: 0 }\n")->admin.port == 0);
   BOOST_TEST(error_of(replace(kBase, "upstreams:\n", "  redis: { port: 0 }\nupstreams:\n")) ==
              "t.yaml:4: storage.redis.port: must be between 1 and 65535, got 0");

@@ -118,9 +118,11 @@ BOOST_AUTO_TEST_CASE(spec_C32_access_line_is_byte_for_byte_the_log_json_line) {
               {"upstream_ms", 1.5},
               {"total_ms", 12.3456},
               {"client", "127.0.0.1"},
-              {"written", true}});
+              {"written", true},
+              {"request_id", route},
+              {"trace_id", "4bf92f3577b34da6a3ce929d0e0e4736"}});
     log_access(started, route, "POST", "/p?x=\"1\"", 201u, "executed", "ab12", 1.5, 12.3456,
-               "127.0.0.1", true);
+               "127.0.0.1", true, route, "4bf92f3577b34da6a3ce929d0e0e4736");
     BOOST_REQUIRE_EQUAL(capture.sink->lines.size(), 2u);
     BOOST_TEST(capture.sink->lines[0] == capture.sink->lines[1]);
     const auto line = json::parse(capture.sink->lines[1]).as_object();
@@ -128,11 +130,13 @@ BOOST_AUTO_TEST_CASE(spec_C32_access_line_is_byte_for_byte_the_log_json_line) {
   }
   Capture capture;
   log_access(std::chrono::system_clock::time_point(std::chrono::milliseconds(1769860800123)), "r",
-             "GET", "/", 404u, "no_route", "", 0.0, 0.25, "::1", false);
+             "GET", "/", 404u, "no_route", "", 0.0, 0.25, "::1", false,
+             "0f8fad5b-d9cb-469f-a165-70867728950e", "");
   BOOST_TEST(capture.sink->lines.at(0) ==
              R"({"time":"2026-01-31T12:00:00.123Z","level":"info","msg":"access","route":"r",)"
              R"("method":"GET","target":"/","status":404,"outcome":"no_route","key_hash":"",)"
-             R"("upstream_ms":0.000,"total_ms":0.250,"client":"::1","written":false})");
+             R"("upstream_ms":0.000,"total_ms":0.250,"client":"::1","written":false,)"
+             R"("request_id":"0f8fad5b-d9cb-469f-a165-70867728950e","trace_id":""})");
 }
 
 BOOST_AUTO_TEST_CASE(spec_C32_fields_are_written_as_boost_json_writes_them_in_their_order) {
