@@ -5,6 +5,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <chrono>
 
 #include "gateway/http/json_log.hpp"
 #include "storage/pg/pg_pool.hpp"
@@ -12,6 +13,14 @@
 
 namespace idemgate {
 namespace asio = boost::asio;
+
+namespace {
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 struct Cleaner::State {
   explicit State(const config::Config& config)
@@ -45,9 +54,11 @@ Cleaner::~Cleaner() {
 void Cleaner::start() {
   State* state = state_.get();
   std::atomic<std::uint64_t>* total = &deleted_total_;
+  std::atomic<double>* last_run = &last_run_;
+  last_run->store(unix_now(), std::memory_order_relaxed);
   asio::co_spawn(
       *state->io,
-      [state, total]() -> asio::awaitable<void> {
+      [state, total, last_run]() -> asio::awaitable<void> {
         constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
         asio::steady_timer timer(*state->io);
         for (;;) {
@@ -62,6 +73,7 @@ void Cleaner::start() {
                              {{"error", deleted.error().message()}});
               break;
             }
+            last_run->store(unix_now(), std::memory_order_relaxed);
             round += *deleted;
             total->fetch_add(static_cast<std::uint64_t>(*deleted), std::memory_order_relaxed);
             if (*deleted < state->batch) break;
