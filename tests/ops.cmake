@@ -23,3 +23,15 @@ add_test(NAME compose_gateway_config_is_valid
          COMMAND idemgate check-config ${PROJECT_SOURCE_DIR}/conf/compose.yaml)
 set_tests_properties(docker_compose_config_is_valid compose_gateway_config_is_valid
                      PROPERTIES LABELS ops TIMEOUT 120)
+
+# Alerting rules (conf/prometheus): promtool checks and unit-tests them. Needs Debian's
+# `prometheus` package (scripts/install-deps): where it is not installed, skipped, never failed.
+set(idemgate_if_prometheus bash ${PROJECT_SOURCE_DIR}/tests/prometheus/if-prometheus)
+add_test(NAME prometheus_alert_rules_check
+         COMMAND ${idemgate_if_prometheus} promtool check rules
+                 ${PROJECT_SOURCE_DIR}/conf/prometheus/alerts.yaml)
+add_test(NAME prometheus_alert_rules_test
+         COMMAND ${idemgate_if_prometheus} promtool test rules
+                 ${PROJECT_SOURCE_DIR}/tests/prometheus/alerts_test.yaml)
+set_tests_properties(prometheus_alert_rules_check prometheus_alert_rules_test
+                     PROPERTIES LABELS ops TIMEOUT 120 SKIP_RETURN_CODE 77)
