@@ -24,8 +24,9 @@ add_test(NAME compose_gateway_config_is_valid
 set_tests_properties(docker_compose_config_is_valid compose_gateway_config_is_valid
                      PROPERTIES LABELS ops TIMEOUT 120)
 
-# Alerting rules (conf/prometheus): promtool checks and unit-tests them. Needs Debian's
-# `prometheus` package (scripts/install-deps): where it is not installed, skipped, never failed.
+# Alerting rules and dashboard (conf/prometheus, conf/grafana): promtool checks and unit-tests the
+# rules and parses every dashboard expression. Needs Debian's `prometheus` package
+# (scripts/install-deps): where it is not installed, skipped, never failed.
 set(idemgate_if_prometheus bash ${PROJECT_SOURCE_DIR}/tests/prometheus/if-prometheus)
 add_test(NAME prometheus_alert_rules_check
          COMMAND ${idemgate_if_prometheus} promtool check rules
@@ -33,5 +34,10 @@ add_test(NAME prometheus_alert_rules_check
 add_test(NAME prometheus_alert_rules_test
          COMMAND ${idemgate_if_prometheus} promtool test rules
                  ${PROJECT_SOURCE_DIR}/tests/prometheus/alerts_test.yaml)
+add_test(NAME prometheus_dashboard_check
+         COMMAND ${idemgate_if_prometheus} python3
+                 ${PROJECT_SOURCE_DIR}/tests/prometheus/check_dashboard.py
+                 ${PROJECT_SOURCE_DIR}/conf/grafana/idemgate.json promtool)
 set_tests_properties(prometheus_alert_rules_check prometheus_alert_rules_test
+                     prometheus_dashboard_check
                      PROPERTIES LABELS ops TIMEOUT 120 SKIP_RETURN_CODE 77)
