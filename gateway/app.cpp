@@ -258,7 +258,8 @@ int run_gateway(const std::string& config_path, bool migrate) {
         },
         observers);
     admin_server = std::make_unique<admin::AdminServer>(
-        *config, [&metrics] { return metrics.render(); }, pg_primary, redis_primary);
+        *config, [&metrics] { return metrics.render(); }, pg_primary, redis_primary,
+        [&metrics](bool ready) { metrics.set_ready(ready); });
   } catch (const std::exception& e) {
     log_json(spdlog::level::err, "cannot listen", {{"error", e.what()}});
     return kExitRuntime;
@@ -296,6 +297,8 @@ int run_gateway(const std::string& config_path, bool migrate) {
   Cleaner cleaner(*config, pg_primary);
   cleaner.start();
   metrics.set_cleanup_source([&cleaner] { return cleaner.deleted_total(); });
+  metrics.set_cleaner_source([&cleaner] { return cleaner.last_run(); },
+                             config->storage.cleanup.interval);
   admin_server->start();
 
   int status = kExitOk;
@@ -311,6 +314,7 @@ int run_gateway(const std::string& config_path, bool migrate) {
   signal_thread.join();
   admin_server->stop();
   metrics.set_cleanup_source(nullptr);
+  metrics.set_cleaner_source(nullptr, config->storage.cleanup.interval);
   cleaner.stop();
   server.reset();
   admin_server.reset();

@@ -8,6 +8,7 @@
 #include <boost/json/object.hpp>
 
 #include <algorithm>
+#include <chrono>
 
 #include "gateway/http/json_log.hpp"
 #include "storage/pg/pg_pool.hpp"
@@ -15,6 +16,14 @@
 
 namespace idemgate {
 namespace asio = boost::asio;
+
+namespace {
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 struct Cleaner::State {
   State(const config::Config& config, std::shared_ptr<core::PrimaryTracker> pg_primary)
@@ -53,8 +62,10 @@ namespace {
 // table is hash-partitioned (`idemgate migrate --partitions N`; the list is read each round, so
 // a conversion while the gateway runs is picked up), else on the table. A failure ends the
 // round; the next interval tries again.
+// last_run: the time of each statement that succeeded
+// (idemgate_cleaner_last_run_timestamp_seconds).
 asio::awaitable<void> clean_once(storage::pg::PgRecordStore* store, int batch,
-                                 std::atomic<std::uint64_t>* total) {
+                                 std::atomic<std::uint64_t>* total, std::atomic<double>* last_run) {
   auto partitions = co_await store->partitions();
   if (!partitions) {
     http::log_json(spdlog::level::warn, "cleanup failed; retrying next interval",
@@ -76,6 +87,7 @@ asio::awaitable<void> clean_once(storage::pg::PgRecordStore* store, int batch,
                        {{"error", deleted.error().message()}});
         co_return;
       }
+      last_run->store(unix_now(), std::memory_order_relaxed);
       round += *deleted;
       total->fetch_add(static_cast<std::uint64_t>(*deleted), std::memory_order_relaxed);
       if (*deleted < batch) break;
@@ -93,16 +105,18 @@ asio::awaitable<void> clean_once(storage::pg::PgRecordStore* store, int batch,
 void Cleaner::start() {
   State* state = state_.get();
   std::atomic<std::uint64_t>* total = &deleted_total_;
+  std::atomic<double>* last_run = &last_run_;
+  last_run->store(unix_now(), std::memory_order_relaxed);
   asio::co_spawn(
       *state->io,
-      [state, total]() -> asio::awaitable<void> {
+      [state, total, last_run]() -> asio::awaitable<void> {
         constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
         asio::steady_timer timer(*state->io);
         for (;;) {
           timer.expires_after(state->interval);
           auto [ec] = co_await timer.async_wait(use_nothrow);
           if (ec) co_return;
-          co_await clean_once(&state->store, state->batch, total);
+          co_await clean_once(&state->store, state->batch, total, last_run);
         }
       },
       [](std::exception_ptr e) {

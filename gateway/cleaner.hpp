@@ -35,11 +35,17 @@ class Cleaner {
 
   /// Rows deleted since start (feeds idemgate_cleanup_deleted_total).
   std::uint64_t deleted_total() const { return deleted_total_.load(std::memory_order_relaxed); }
+  /// Unix time in seconds of the last cleanup statement that succeeded (a round is one or more
+  /// statements); the time of start() until one has, 0 before start(). Feeds
+  /// idemgate_cleaner_last_run_timestamp_seconds: a value that stops advancing means the
+  /// cleaner cannot reach Postgres.
+  double last_run() const { return last_run_.load(std::memory_order_relaxed); }
 
  private:
   struct State;
   std::unique_ptr<State> state_;
   std::atomic<std::uint64_t> deleted_total_{0};
+  std::atomic<double> last_run_{0};
   std::thread thread_;
 };
 

@@ -127,6 +127,20 @@ Metrics::Metrics()
                         .Help("Upgrade tunnels (WebSocket) open now (C40)")
                         .Register(*registry_)
                         .Add({})),
+      ready_(prometheus::BuildGauge()
+                 .Name("idemgate_ready")
+                 .Help("1 when the last readiness check (/readyz rule, C30) passed, else 0")
+                 .Register(*registry_)
+                 .Add({})),
+      cleaner_last_run_(prometheus::BuildGauge()
+                            .Name("idemgate_cleaner_last_run_timestamp_seconds")
+                            .Help("Unix time of the cleaner's last successful statement (C24); "
+                                  "its start time until then")
+                            .Register(*registry_)),
+      cleaner_interval_(prometheus::BuildGauge()
+                            .Name("idemgate_cleaner_interval_seconds")
+                            .Help("The cleaner's cleanup.interval (C24)")
+                            .Register(*registry_)),
       id_(next_metrics_id++) {
   // Both series from the start, so "no failover yet" reads 0 rather than absent.
   store_failovers_.Add({{"store", "redis"}});
@@ -211,6 +225,18 @@ void Metrics::set_cleanup_source(std::function<std::uint64_t()> source) {
   cleanup_source_ = std::move(source);
 }
 
+void Metrics::set_cleaner_source(std::function<double()> last_run,
+                                 std::chrono::milliseconds interval) {
+  std::lock_guard lock(render_mutex_);
+  cleaner_last_run_source_ = std::move(last_run);
+  cleaner_last_run_.Add({});
+  cleaner_interval_.Add({}).Set(std::chrono::duration<double>(interval).count());
+}
+
+void Metrics::set_ready(bool ready) {
+  ready_.Set(ready ? 1.0 : 0.0);
+}
+
 std::string Metrics::render() {
   std::lock_guard lock(render_mutex_);
   if (cleanup_source_) {
@@ -219,6 +245,7 @@ std::string Metrics::render() {
     const double shown = cleanup_deleted_.Value();
     if (total > shown) cleanup_deleted_.Increment(total - shown);
   }
+  if (cleaner_last_run_source_) cleaner_last_run_.Add({}).Set(cleaner_last_run_source_());
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, registry_->Collect());
   return out.str();

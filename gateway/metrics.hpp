@@ -39,6 +39,11 @@ namespace idemgate {
 /// - gauge `idemgate_open_tunnels` (upgrade tunnels open now, C40).
 /// - gauges `idemgate_open_connections` (client connections) and `idemgate_in_flight_locks`
 ///   (in-flight locks held by this process, including ones kept on purpose until their lock_ttl).
+/// - gauge `idemgate_ready`: 1 when the last readiness check (the `/readyz` rule, C30) passed,
+///   else 0; the admin listener checks on each `/readyz` and each `/metrics` request.
+/// - gauges `idemgate_cleaner_last_run_timestamp_seconds` (Unix time of the cleaner's last
+///   successful statement, C24; its start time until then) and `idemgate_cleaner_interval_seconds`
+///   (`cleanup.interval`), once set_cleaner_source was called.
 ///
 /// @par Thread safety
 /// Every member is thread-safe (prometheus-cpp metrics are atomic; families lock to add a label
@@ -75,6 +80,13 @@ class Metrics {
 
   /// Where idemgate_cleanup_deleted_total comes from (Cleaner::deleted_total); read on render.
   void set_cleanup_source(std::function<std::uint64_t()> source);
+  /// Where idemgate_cleaner_last_run_timestamp_seconds comes from (Cleaner::last_run, Unix
+  /// seconds; read on render), and the cleaner's `cleanup.interval` for
+  /// idemgate_cleaner_interval_seconds. Both series are exported from the first call on; a null
+  /// `last_run` keeps the last value read.
+  void set_cleaner_source(std::function<double()> last_run, std::chrono::milliseconds interval);
+  /// idemgate_ready: the result of the latest readiness check (SPEC C30).
+  void set_ready(bool ready);
 
   /// The Prometheus text exposition format (version 0.0.4) of every metric.
   std::string render();
@@ -94,9 +106,13 @@ class Metrics {
   prometheus::Gauge& open_connections_;
   prometheus::Gauge& in_flight_locks_;
   prometheus::Gauge& open_tunnels_;
+  prometheus::Gauge& ready_;
+  prometheus::Family<prometheus::Gauge>& cleaner_last_run_;
+  prometheus::Family<prometheus::Gauge>& cleaner_interval_;
 
   std::mutex render_mutex_;
   std::function<std::uint64_t()> cleanup_source_;
+  std::function<double()> cleaner_last_run_source_;
 
   struct ThreadCache;
   /// The calling thread's cache of this instance's children.

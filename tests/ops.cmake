@@ -23,3 +23,36 @@ add_test(NAME compose_gateway_config_is_valid
          COMMAND idemgate check-config ${PROJECT_SOURCE_DIR}/conf/compose.yaml)
 set_tests_properties(docker_compose_config_is_valid compose_gateway_config_is_valid
                      PROPERTIES LABELS ops TIMEOUT 120)
+
+# Alerting rules and dashboard (conf/prometheus, conf/grafana): promtool checks and unit-tests the
+# rules and parses every dashboard expression; a real Prometheus scrapes a real gateway through a
+# Postgres outage (tests/ops/prometheus_alerts_e2e_test.cpp). All need Debian's `prometheus`
+# package (scripts/install-deps): where it is not installed they are skipped, never failed.
+set(idemgate_if_prometheus bash ${PROJECT_SOURCE_DIR}/tests/prometheus/if-prometheus)
+add_test(NAME prometheus_alert_rules_check
+         COMMAND ${idemgate_if_prometheus} promtool check rules
+                 ${PROJECT_SOURCE_DIR}/conf/prometheus/alerts.yaml)
+add_test(NAME prometheus_alert_rules_test
+         COMMAND ${idemgate_if_prometheus} promtool test rules
+                 ${PROJECT_SOURCE_DIR}/tests/prometheus/alerts_test.yaml)
+add_test(NAME prometheus_dashboard_check
+         COMMAND ${idemgate_if_prometheus} python3
+                 ${PROJECT_SOURCE_DIR}/tests/prometheus/check_dashboard.py
+                 ${PROJECT_SOURCE_DIR}/conf/grafana/idemgate.json promtool)
+set_tests_properties(prometheus_alert_rules_check prometheus_alert_rules_test
+                     prometheus_dashboard_check
+                     PROPERTIES LABELS ops TIMEOUT 120 SKIP_RETURN_CODE 77)
+
+add_executable(prometheus_alerts_e2e_test ops/prometheus_alerts_e2e_test.cpp
+                                          ops/prometheus_server.cpp)
+target_link_libraries(prometheus_alerts_e2e_test PRIVATE idemgate_ops_support
+                                                         Boost::unit_test_framework)
+target_compile_definitions(prometheus_alerts_e2e_test PRIVATE BOOST_TEST_DYN_LINK)
+add_dependencies(prometheus_alerts_e2e_test idemgate)
+add_test(NAME prometheus_alerts_e2e_test
+         COMMAND ${idemgate_if_prometheus} $<TARGET_FILE:prometheus_alerts_e2e_test>
+                 --log_level=test_suite --report_level=short)
+# Stores of its own: the test starts them, so no shared variable is needed.
+set_tests_properties(prometheus_alerts_e2e_test PROPERTIES
+  LABELS ops TIMEOUT 900 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE
+  ENVIRONMENT "IDEMGATE_BINARY_DIR=${PROJECT_BINARY_DIR};IDEMGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}")

@@ -41,6 +41,7 @@ struct Stores {
   storage::pg::PgPool* pg;
   storage::redis::RedisClient* redis;
   const std::atomic<bool>* draining;  ///< set when a drain began (C45)
+  const AdminServer::ReadyObserver* on_ready;
 };
 
 // "" when the store answered, otherwise what went wrong.
@@ -64,23 +65,33 @@ bhttp::response<bhttp::string_body> json_response(bhttp::status status, const js
   return res;
 }
 
-asio::awaitable<bhttp::response<bhttp::string_body>> readiness(Stores stores, unsigned version) {
-  using namespace asio::experimental::awaitable_operators;
-  if (stores.draining->load(std::memory_order_relaxed)) {
-    co_return json_response(bhttp::status::service_unavailable, {{"status", "draining"}}, version);
-  }
-  auto [pg_error, redis_error] = co_await (probe_postgres(stores.pg) && probe_redis(stores.redis));
+struct Readiness {
+  bool ready = false;
+  bhttp::status status = bhttp::status::service_unavailable;
   json::object body;
-  json::array failing;
-  if (!pg_error.empty()) failing.emplace_back("postgres");
-  if (!redis_error.empty()) failing.emplace_back("redis");
-  const bool ready = failing.empty();
-  body["status"] = ready ? "ready" : "unavailable";
-  if (!ready) body["failing"] = std::move(failing);
-  body["postgres"] = pg_error.empty() ? "ok" : pg_error;
-  body["redis"] = redis_error.empty() ? "ok" : redis_error;
-  co_return json_response(ready ? bhttp::status::ok : bhttp::status::service_unavailable, body,
-                          version);
+};
+
+// The /readyz rule (C30, C45), told to the observer (idemgate_ready) whoever asked.
+asio::awaitable<Readiness> check_readiness(Stores stores) {
+  using namespace asio::experimental::awaitable_operators;
+  Readiness result;
+  if (stores.draining->load(std::memory_order_relaxed)) {
+    result.body = {{"status", "draining"}};
+  } else {
+    auto [pg_error, redis_error] =
+        co_await (probe_postgres(stores.pg) && probe_redis(stores.redis));
+    json::array failing;
+    if (!pg_error.empty()) failing.emplace_back("postgres");
+    if (!redis_error.empty()) failing.emplace_back("redis");
+    result.ready = failing.empty();
+    result.status = result.ready ? bhttp::status::ok : bhttp::status::service_unavailable;
+    result.body["status"] = result.ready ? "ready" : "unavailable";
+    if (!result.ready) result.body["failing"] = std::move(failing);
+    result.body["postgres"] = pg_error.empty() ? "ok" : pg_error;
+    result.body["redis"] = redis_error.empty() ? "ok" : redis_error;
+  }
+  if (*stores.on_ready) (*stores.on_ready)(result.ready);
+  co_return result;
 }
 
 asio::awaitable<void> serve(tcp::socket socket, Stores stores,
@@ -110,8 +121,10 @@ asio::awaitable<void> serve(tcp::socket socket, Stores stores,
     } else if (path == "/healthz") {
       res = json_response(bhttp::status::ok, {{"status", "ok"}}, version);
     } else if (path == "/readyz") {
-      res = co_await readiness(stores, version);
+      const auto readiness = co_await check_readiness(stores);
+      res = json_response(readiness.status, readiness.body, version);
     } else if (path == "/metrics") {
+      co_await check_readiness(stores);  // idemgate_ready as of this scrape
       res = bhttp::response<bhttp::string_body>{bhttp::status::ok, version};
       res.set(bhttp::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
       res.body() = (*metrics_text)();
@@ -169,8 +182,12 @@ asio::awaitable<void> accept_loop(tcp::acceptor* acceptor, Stores stores,
 
 AdminServer::AdminServer(const config::Config& config, MetricsText metrics_text,
                          std::shared_ptr<core::PrimaryTracker> pg_primary,
-                         std::shared_ptr<core::PrimaryTracker> redis_primary)
-    : acceptor_(io_), metrics_text_(std::move(metrics_text)), address_(config.admin.address) {
+                         std::shared_ptr<core::PrimaryTracker> redis_primary,
+                         ReadyObserver on_ready)
+    : acceptor_(io_),
+      metrics_text_(std::move(metrics_text)),
+      on_ready_(std::move(on_ready)),
+      address_(config.admin.address) {
   storage::pg::PgPool::Options pg_options;
   pg_options.dsn = config.storage.postgres.dsn;
   pg_options.max_connections = 1;
@@ -199,9 +216,10 @@ AdminServer::~AdminServer() {
 
 void AdminServer::start() {
   if (thread_.joinable()) return;
-  asio::co_spawn(
-      io_, accept_loop(&acceptor_, Stores{pg_.get(), redis_.get(), &draining_}, &metrics_text_),
-      [](std::exception_ptr e) { log_failure(e, "admin accept loop failed"); });
+  asio::co_spawn(io_,
+                 accept_loop(&acceptor_, Stores{pg_.get(), redis_.get(), &draining_, &on_ready_},
+                             &metrics_text_),
+                 [](std::exception_ptr e) { log_failure(e, "admin accept loop failed"); });
   log_json(spdlog::level::info, "admin listening", {{"address", address_}, {"port", port_}});
   thread_ = std::thread([this] { io_.run(); });
 }

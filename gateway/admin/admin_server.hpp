@@ -37,23 +37,29 @@ namespace idemgate::admin {
 ///   requests in flight finish). The probes use a dedicated PgPool of one
 ///   connection and a dedicated RedisClient, run concurrently on the admin thread, and
 ///   reconnect by themselves when a store returns.
-/// - `GET /metrics` → 200 Prometheus text (version 0.0.4) from `metrics_text` (C31).
+/// - `GET /metrics` → 200 Prometheus text (version 0.0.4) from `metrics_text` (C31), after a
+///   readiness check as for `/readyz` (so `idemgate_ready` is fresh at every scrape; a scrape
+///   takes up to the larger store `operation_timeout` longer while a store hangs).
 /// - other paths → 404, other methods → 405 (HEAD is answered like GET without a body).
 ///
 /// @par Thread safety
 /// Construct, start() and stop() from one controlling thread; port() anywhere.
-/// `metrics_text` is called on the admin thread.
+/// `metrics_text` and `on_ready` are called on the admin thread.
 class AdminServer {
  public:
   using MetricsText = std::function<std::string()>;
+  /// Told the result of every readiness check (true: ready), before its answer is written.
+  using ReadyObserver = std::function<void(bool)>;
 
   /// Binds `config.admin` (port 0: the OS chooses). Throws boost::system::system_error when
   /// binding fails. Store settings are taken from `config.storage` (a reload does not change
   /// them, nor the admin address). `pg_primary` and `redis_primary` (may be null) are the
   /// process's trackers of the Postgres host and the Redis primary in use (SPEC C46).
+  /// `on_ready` (may be empty) feeds `idemgate_ready`.
   AdminServer(const config::Config& config, MetricsText metrics_text,
               std::shared_ptr<core::PrimaryTracker> pg_primary = nullptr,
-              std::shared_ptr<core::PrimaryTracker> redis_primary = nullptr);
+              std::shared_ptr<core::PrimaryTracker> redis_primary = nullptr,
+              ReadyObserver on_ready = {});
   ~AdminServer();
   AdminServer(const AdminServer&) = delete;
   AdminServer& operator=(const AdminServer&) = delete;
@@ -75,6 +81,7 @@ class AdminServer {
   std::unique_ptr<storage::pg::PgPool> pg_;
   std::unique_ptr<storage::redis::RedisClient> redis_;
   MetricsText metrics_text_;
+  ReadyObserver on_ready_;
   std::atomic<bool> draining_{false};
   std::string address_;
   std::uint16_t port_ = 0;

@@ -83,6 +83,37 @@ BOOST_AUTO_TEST_CASE(spec_C31_every_metric_is_exported_under_its_spec_name) {
   BOOST_TEST(metric_value(text, "idemgate_cleanup_deleted_total") == 10.0);
 }
 
+BOOST_AUTO_TEST_CASE(spec_C31_readiness_and_cleaner_progress_are_exported_for_alerts) {
+  Metrics metrics;
+  std::string text = metrics.render();
+  // Not ready until a check passed; no cleaner series before a cleaner is attached.
+  BOOST_TEST(metric_value(text, "idemgate_ready") == 0.0);
+  BOOST_TEST(metric_value(text, "idemgate_cleaner_last_run_timestamp_seconds") == -1.0);
+  BOOST_TEST(metric_value(text, "idemgate_cleaner_interval_seconds") == -1.0);
+
+  metrics.set_ready(true);
+  BOOST_TEST(metric_value(metrics.render(), "idemgate_ready") == 1.0);
+  metrics.set_ready(false);
+  BOOST_TEST(metric_value(metrics.render(), "idemgate_ready") == 0.0);
+
+  double last_run = 1700000000.5;
+  metrics.set_cleaner_source([&last_run] { return last_run; }, 90s);
+  text = metrics.render();
+  BOOST_TEST(metric_value(text, "idemgate_cleaner_last_run_timestamp_seconds") == 1700000000.5);
+  BOOST_TEST(metric_value(text, "idemgate_cleaner_interval_seconds") == 90.0);
+  BOOST_TEST(text.find("# TYPE idemgate_cleaner_last_run_timestamp_seconds gauge") !=
+             std::string::npos);
+  // Read at each render: the gauge follows the cleaner.
+  last_run = 1700000060.25;
+  text = metrics.render();
+  BOOST_TEST(metric_value(text, "idemgate_cleaner_last_run_timestamp_seconds") == 1700000060.25);
+  // Detached (shutdown): the last value read stays.
+  metrics.set_cleaner_source(nullptr, 90s);
+  last_run = 0;
+  BOOST_TEST(metric_value(metrics.render(), "idemgate_cleaner_last_run_timestamp_seconds") ==
+             1700000060.25);
+}
+
 BOOST_AUTO_TEST_CASE(observations_land_in_their_own_registry_from_any_thread) {
   // Each thread keeps the children it has looked up: several registries used by the same
   // threads, in turn, must each still see exactly their own observations.

@@ -1,6 +1,7 @@
 // /readyz follows the stores (SPEC C30): 503 naming Redis while it is down, 200 again once it is
-// back, without a gateway restart. Runs on stores of its own (scripts/local-stores), so stopping
-// Redis here disturbs no other suite; this executable points the fixture's variables at them.
+// back, without a gateway restart; so does the `idemgate_ready` gauge of /metrics (C31). Runs on
+// stores of its own (scripts/local-stores), so stopping Postgres or Redis here disturbs no other
+// suite; this executable points the fixture's variables at them.
 #define BOOST_TEST_MODULE ops_readiness_e2e
 #include <stdlib.h>
 
@@ -22,7 +23,54 @@ HttpResponse wait_for_readiness(const OpsGateway& gateway, unsigned status) {
   }
 }
 
+// The value of idemgate_ready in a scrape of the admin /metrics, or -1 when it is missing.
+double scraped_ready(const OpsGateway& gateway) {
+  const auto res = gateway.admin_get("/metrics");
+  BOOST_TEST_REQUIRE(res.status == 200u, e2e::describe(res));
+  return metric_value(res.body, "idemgate_ready").value_or(-1);
+}
+
+// Scrapes until idemgate_ready is `value` (a store's stop or return is noticed by the next check
+// that meets it) or the deadline passes; the last value read.
+double wait_for_scraped_ready(const OpsGateway& gateway, double value) {
+  const auto deadline = std::chrono::steady_clock::now() + e2e::kEventDeadline;
+  for (;;) {
+    const double ready = scraped_ready(gateway);
+    if (ready == value || std::chrono::steady_clock::now() > deadline) return ready;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 }  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C31_idemgate_ready_follows_the_stores_at_each_scrape) {
+  PrivateStores stores;
+  ::setenv("IDEMGATE_PG_DSN", stores.pg_dsn().c_str(), 1);
+  ::setenv("IDEMGATE_PAYMENTS_DSN", stores.payments_dsn().c_str(), 1);
+  ::setenv("IDEMGATE_REDIS_ADDR", stores.redis_address().c_str(), 1);
+
+  e2e::TestUpstream upstream;
+  e2e::GatewayConfig config;
+  config.upstreams = {e2e::UpstreamConfig{"up", {upstream.address()}}};
+  e2e::RouteConfig route;
+  route.name = "pay";
+  route.path_prefix = "/";
+  route.upstream = "up";
+  route.mode = "required";
+  config.routes = {route};
+  OpsGateway gateway(config.render());
+
+  // Each scrape checks readiness itself: no /readyz request is made in this test.
+  BOOST_TEST(scraped_ready(gateway) == 1.0);
+  stores.stop_pg();
+  BOOST_TEST(wait_for_scraped_ready(gateway, 0.0) == 0.0);
+  stores.start_pg();
+  BOOST_TEST(wait_for_scraped_ready(gateway, 1.0) == 1.0);
+  stores.stop_redis();
+  BOOST_TEST(wait_for_scraped_ready(gateway, 0.0) == 0.0);
+  stores.start_redis();
+  BOOST_TEST(wait_for_scraped_ready(gateway, 1.0) == 1.0);
+}
 
 BOOST_AUTO_TEST_CASE(spec_C30_readyz_is_503_naming_redis_while_it_is_down_and_200_once_back) {
   PrivateStores stores;

@@ -120,8 +120,9 @@ class TlsUpstream {
 
 // ---------------------------------------------------------------------------------------------
 
-/// Postgres and Redis of this test alone, from `scripts/local-stores start`, so that a test may
-/// stop and start them without disturbing other suites. Stopped (`stop DIR`) by the destructor.
+/// Postgres and Redis of this test alone, from `scripts/local-stores start` (Postgres with fsync
+/// off), so that a test may stop and start them without disturbing other suites. Stopped (`stop
+/// DIR`) by the destructor.
 class PrivateStores {
  public:
   PrivateStores();
@@ -135,6 +136,11 @@ class PrivateStores {
 
   void stop_redis() const;
   void start_redis() const;
+  /// Stops Postgres (fast shutdown) and waits until its process is gone; the port stays
+  /// reserved.
+  void stop_pg() const;
+  /// Starts Postgres again on the same port; returns once it accepts connections.
+  void start_pg() const;
 
  private:
   std::string run(const std::string& args) const;
