@@ -4,13 +4,14 @@
 FROM debian:bookworm AS build
 WORKDIR /src
 COPY scripts/install-deps scripts/install-deps
-RUN ./scripts/install-deps
+# Only the compiler and the -dev packages: the test stores, the bench and fuzz tools stay out.
+RUN ./scripts/install-deps --build
 COPY . .
 RUN cmake --preset release && cmake --build --preset release -j"$(nproc)" --target idemgate payment-service
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends \
-      libboost-json1.81.0 libboost-program-options1.81.0 \
+      libboost-json1.81.0 libboost-program-options1.81.0 libboost-url1.81.0 \
       libhiredis0.14 libpq5 libssl3 libyaml-cpp0.7 libspdlog1.10 libfmt9 libprometheus-cpp-core1.0 \
       curl ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
