@@ -123,9 +123,13 @@ std::string hmac_sha256_hex(std::string_view key, std::string_view data) {
   return hex_of(out, size);
 }
 
+void random_bytes(unsigned char* out, std::size_t n) {
+  if (RAND_bytes(out, static_cast<int>(n)) != 1) throw std::runtime_error("RAND_bytes failed");
+}
+
 std::string random_token() {
   unsigned char bytes[16];
-  if (RAND_bytes(bytes, sizeof bytes) != 1) throw std::runtime_error("RAND_bytes failed");
+  random_bytes(bytes, sizeof bytes);
   return hex_of(bytes, sizeof bytes);
 }
 

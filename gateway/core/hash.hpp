@@ -1,6 +1,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -35,6 +36,10 @@ std::string to_hex(const Sha256& digest);
 
 /// HMAC-SHA-256 of `data` under `key`, lower-case hex (SPEC C14 `upstream_key: rewrite`).
 std::string hmac_sha256_hex(std::string_view key, std::string_view data);
+
+/// Fills `out[0..n)` from OpenSSL's CSPRNG (a per-thread DRBG: no lock, no system call per
+/// call). Throws std::runtime_error when the generator fails.
+void random_bytes(unsigned char* out, std::size_t n);
 
 /// 128 random bits from OpenSSL's CSPRNG as 32 hex characters (lock owner tokens, C23).
 std::string random_token();

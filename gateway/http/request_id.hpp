@@ -25,10 +25,8 @@ inline constexpr std::size_t kGeneratedRequestIdBytes = 36;
 bool valid_request_id(std::string_view value);
 
 /// Writes a new random UUID v4 (RFC 9562 §5.4) in lower-case 8-4-4-4-12 form to `out`. The 122
-/// random bits come from the kernel's CSPRNG (getrandom(2)), fetched for 256 ids at a time into
-/// a buffer of the calling thread: no lock, one system call per 256 ids.
-/// Throws std::system_error when the kernel has no random bytes to give (getrandom unsupported).
-/// Thread safety: safe from any thread (the state is thread-local).
+/// random bits come from OpenSSL's CSPRNG (core::random_bytes, as lock owner tokens do).
+/// Throws std::runtime_error when the generator fails. Safe from any thread.
 void generate_request_id(char (&out)[kGeneratedRequestIdBytes]);
 
 /// Decides the id of a request whose header is `fields`, per `config`, and makes the request
