@@ -1,7 +1,7 @@
 #pragma once
 // Helpers shared by the contract suites (tests/contract/*_e2e_test.cpp): raw requests for bytes
-// the client library would not write, polling for store state that offers no event, and the
-// checks several suites repeat. Everything else comes from tests/e2e/gateway_fixture.hpp.
+// the client library would not write, and the checks several suites repeat. Everything else
+// (polling for store state with eventually() included) comes from tests/e2e/gateway_fixture.hpp.
 
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -15,12 +15,10 @@
 #include <boost/json/parse.hpp>
 #include <cctype>
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <regex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "tests/e2e/gateway_fixture.hpp"
@@ -82,17 +80,6 @@ inline std::string raw_request(const std::string& method, const std::string& tar
   if (!host) raw += "Host: gateway.test" + eol;
   if (!framing) raw += "Content-Length: " + std::to_string(body.size()) + eol;
   return raw + eol + body;
-}
-
-/// Polls `condition` until it holds (true) or kEventDeadline passes (false). For state that
-/// offers no event to wait on (a row in Postgres, a key in Redis).
-inline bool eventually(const std::function<bool()>& condition) {
-  const auto deadline = std::chrono::steady_clock::now() + kEventDeadline;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return true;
 }
 
 /// How many idempotency records route `route` has (route names are unique per run).

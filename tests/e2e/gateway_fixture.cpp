@@ -176,21 +176,35 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ignored);
 }
 
+bool eventually(const std::function<bool()>& condition) {
+  const auto deadline = std::chrono::steady_clock::now() + kEventDeadline;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  return true;
+}
+
+std::optional<std::uint16_t> logged_port(const std::string& stderr_path, const std::string& msg) {
+  std::ifstream in(stderr_path);
+  std::string line;
+  while (std::getline(in, line)) {
+    json::error_code ec;
+    const json::value v = json::parse(line, ec);
+    if (ec || !v.is_object()) continue;
+    const auto* m = v.as_object().if_contains("msg");
+    const auto* port = v.as_object().if_contains("port");
+    if (m && m->is_string() && m->as_string() == msg && port && port->is_number())
+      return port->to_number<std::uint16_t>();
+  }
+  return std::nullopt;
+}
+
 std::uint16_t wait_for_listening(ChildProcess& child, const std::string& stderr_path,
                                  const std::string& what) {
   const auto deadline = std::chrono::steady_clock::now() + kEventDeadline;
   for (;;) {
-    std::ifstream in(stderr_path);
-    std::string line;
-    while (std::getline(in, line)) {
-      json::error_code ec;
-      const json::value v = json::parse(line, ec);
-      if (ec || !v.is_object()) continue;
-      const auto* msg = v.as_object().if_contains("msg");
-      const auto* port = v.as_object().if_contains("port");
-      if (msg && msg->is_string() && msg->as_string() == "listening" && port && port->is_number())
-        return port->to_number<std::uint16_t>();
-    }
+    if (const auto port = logged_port(stderr_path, "listening")) return *port;
     if (!child.running())
       throw std::runtime_error(what + " exited before listening; its stderr:\n" +
                                file_tail(stderr_path));
@@ -585,6 +599,22 @@ Gateway::Gateway(const GatewayConfig& config, int instances)
 Gateway::~Gateway() {
   for (auto& child : children_) child->stop();
   if (current_test_failed()) BOOST_TEST_MESSAGE("idemgate stderr:\n" << diagnostics());
+}
+
+std::uint16_t Gateway::admin_port(int instance) const {
+  std::optional<std::uint16_t> port;
+  // The admin listener logs before the client listener, which the constructor waited for; the
+  // wait only covers a log line still on its way to the file.
+  eventually([&] {
+    port = logged_port(stderr_paths_.at(instance), "admin listening");
+    return port.has_value();
+  });
+  if (!port) throw std::runtime_error("no 'admin listening' line\n" + diagnostics());
+  return *port;
+}
+
+HttpResponse Gateway::admin_get(const std::string& path, int instance) const {
+  return http_request(kLoopback, admin_port(instance), {"GET", path, {}, ""});
 }
 
 std::string Gateway::stderr_text(int instance) const {

@@ -35,6 +35,10 @@ inline const std::string kLoopback = "127.0.0.1";
 /// fails: a safety net against hangs, not a measured threshold.
 inline constexpr std::chrono::seconds kEventDeadline{30};
 
+/// Polls `condition` until it holds (true) or kEventDeadline passes (false). For state that
+/// offers no event to wait on (a row in Postgres, a key in Redis, a backend's wait state).
+bool eventually(const std::function<bool()>& condition);
+
 /// `prefix-<random per run>-<counter>`: unique across runs and within one, so that tests
 /// sharing a database never meet each other's keys or payments. Thread-safe.
 std::string unique_name(std::string_view prefix);
@@ -66,6 +70,10 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+/// The `port` of the first JSON line in the file at `stderr_path` whose `msg` is `msg` (e.g.
+/// `admin listening`), or nullopt.
+std::optional<std::uint16_t> logged_port(const std::string& stderr_path, const std::string& msg);
 
 /// Waits until the child logs its JSON `listening` line on stderr (both binaries log
 /// `{"msg":"listening",…,"port":N}` once their socket is bound) and returns that port. Throws
@@ -293,6 +301,11 @@ class Gateway {
   std::uint16_t port(int instance = 0) const { return ports_.at(instance); }
   /// The process id of `instance` (e.g. to read /proc/PID/status); -1 once it was reaped.
   pid_t pid(int instance = 0) const { return children_.at(instance)->pid(); }
+  /// The admin port of `instance`, from its `admin listening` log line (waited for up to
+  /// kEventDeadline). Throws std::runtime_error with the diagnostics when there is none.
+  std::uint16_t admin_port(int instance = 0) const;
+  /// GET `path` (e.g. `/metrics`) on the admin port of `instance`.
+  HttpResponse admin_get(const std::string& path, int instance = 0) const;
   std::string stderr_text(int instance = 0) const;
   std::string stderr_tail(int instance = 0) const;
   /// The stderr tails of every instance, labelled, for failure messages.

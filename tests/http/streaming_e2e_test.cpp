@@ -326,12 +326,6 @@ std::vector<std::string> log_lines_with(const std::string& text, std::size_t fro
   return out;
 }
 
-std::uint16_t admin_port(const Gateway& gateway) {
-  for (const auto& o : log_objects(gateway.stderr_text()))
-    if (str(o, "msg") == "admin listening") return o.at("port").to_number<std::uint16_t>();
-  throw std::runtime_error("no 'admin listening' line:\n" + gateway.diagnostics());
-}
-
 /// `upstream:` up, plus the routes: `no-upgrade.test` and `tunnel.test` (with
 /// `upgrade: [websocket]` when `tunnels`) by host, everything else on `all`; all `mode: off`.
 GatewayConfig stream_config(const StreamUpstream& upstream, const std::string& limits,
@@ -829,7 +823,7 @@ BOOST_AUTO_TEST_CASE(spec_C40_websocket_on_a_route_without_upgrade_is_not_tunnel
 BOOST_AUTO_TEST_CASE(spec_C40_a_tunnel_logs_bytes_in_and_out_and_counts_open_tunnels) {
   StreamUpstream upstream;
   Gateway gateway{stream_config(upstream, kDefaultLimits, true)};
-  const std::uint16_t admin = admin_port(gateway);
+  const std::uint16_t admin = gateway.admin_port();
   const auto open_tunnels = [&] {
     const HttpResponse res = http_request(kLoopback, admin, {"GET", "/metrics", {}, ""});
     return ops::metric_value(res.body, "idemgate_open_tunnels");

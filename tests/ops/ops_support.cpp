@@ -61,14 +61,6 @@ bool has_msg(const json::object& line, const std::string& msg) {
 
 }  // namespace
 
-std::optional<std::uint16_t> logged_port(const std::string& stderr_path, const std::string& msg) {
-  for (const auto& line : log_lines(stderr_path)) {
-    const auto* port = line.if_contains("port");
-    if (has_msg(line, msg) && port && port->is_number()) return port->to_number<std::uint16_t>();
-  }
-  return std::nullopt;
-}
-
 OpsGateway::OpsGateway(const std::string& yaml)
     : config_path_((dir_.path() / "gateway.yaml").string()),
       stderr_path_((dir_.path() / "idemgate.log").string()) {

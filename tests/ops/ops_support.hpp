@@ -20,6 +20,7 @@ namespace idemgate::test::ops {
 using e2e::file_tail;
 using e2e::kEventDeadline;
 using e2e::kLoopback;
+using e2e::logged_port;
 using e2e::TempDir;
 using e2e::wait_for_listening;
 
@@ -67,9 +68,6 @@ class OpsGateway {
   std::uint16_t port_ = 0;
   std::uint16_t admin_port_ = 0;
 };
-
-/// The port of the first JSON log line in `stderr_path` whose `msg` is `msg`, or nullopt.
-std::optional<std::uint16_t> logged_port(const std::string& stderr_path, const std::string& msg);
 
 // ---------------------------------------------------------------------------------------------
 

@@ -114,23 +114,6 @@ std::string kind_of(const Timed& t) {
 // -------------------------------------------------------------------------------------------
 // Three instances and the balancer in front of them.
 
-std::uint16_t admin_port(const Gateway& gateway, int instance) {
-  std::istringstream lines(gateway.stderr_text(instance));
-  std::string line;
-  while (std::getline(lines, line)) {
-    json::error_code ec;
-    const json::value v = json::parse(line, ec);
-    if (ec || !v.is_object()) continue;
-    const auto* msg = v.as_object().if_contains("msg");
-    const auto* port = v.as_object().if_contains("port");
-    // The admin listener logs before the client listener, which the fixture waited for.
-    if (msg && msg->is_string() && msg->as_string() == "admin listening" && port &&
-        port->is_number())
-      return port->to_number<std::uint16_t>();
-  }
-  throw std::runtime_error("no 'admin listening' line\n" + gateway.diagnostics());
-}
-
 std::string server_name(int instance) {
   return "g" + std::to_string(instance);
 }
@@ -138,7 +121,7 @@ std::string server_name(int instance) {
 std::vector<BalancedServer> servers_of(const Gateway& gateway) {
   std::vector<BalancedServer> out;
   for (int i = 0; i < gateway.instances(); ++i)
-    out.push_back({server_name(i), gateway.port(i), admin_port(gateway, i)});
+    out.push_back({server_name(i), gateway.port(i), gateway.admin_port(i)});
   return out;
 }
 
@@ -165,7 +148,7 @@ struct Balanced {
   double requests(int instance, const std::string& route, const std::string& outcome) const {
     HttpRequest get;
     get.target = "/metrics";
-    const auto res = http_request(kLoopback, admin_port(gateway, instance), get, kClientTimeout);
+    const auto res = http_request(kLoopback, gateway.admin_port(instance), get, kClientTimeout);
     return metric_value(res.body, "idemgate_requests_total",
                         {{"route", route}, {"outcome", outcome}})
         .value_or(0);

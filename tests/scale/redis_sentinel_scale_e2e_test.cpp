@@ -154,7 +154,7 @@ std::string summary(const std::map<std::string, int>& kinds) {
 }
 
 // -------------------------------------------------------------------------------------------
-// The admin endpoint of each instance: its port is in the `admin listening` log line.
+// The admin endpoint of each instance (its port: Gateway::admin_port).
 
 std::vector<json::object> log_lines(const std::string& text, const std::string& msg) {
   std::vector<json::object> out;
@@ -175,23 +175,10 @@ std::string field(const json::object& line, const char* name) {
   return v && v->is_string() ? std::string(v->as_string()) : "";
 }
 
-std::uint16_t admin_port(const Gateway& gateway, int instance) {
-  const auto deadline = Clock::now() + kEventDeadline;
-  for (;;) {
-    for (const auto& line : log_lines(gateway.stderr_text(instance), "admin listening")) {
-      const auto* port = line.if_contains("port");
-      if (port && port->is_number()) return port->to_number<std::uint16_t>();
-    }
-    if (Clock::now() > deadline)
-      throw std::runtime_error("no 'admin listening' line\n" + gateway.diagnostics());
-    std::this_thread::sleep_for(kRetryInterval);
-  }
-}
-
 HttpResponse admin_get(const Gateway& gateway, int instance, const std::string& path) {
   HttpRequest request;
   request.target = path;
-  return http_request(kLoopback, admin_port(gateway, instance), request, kClientTimeout);
+  return http_request(kLoopback, gateway.admin_port(instance), request, kClientTimeout);
 }
 
 std::optional<double> metric(const Gateway& gateway, int instance, const std::string& name,

@@ -1,5 +1,7 @@
 #include "tests/support/http_client.hpp"
 
+#include <poll.h>
+
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/error.hpp>
@@ -9,6 +11,7 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
+#include <cerrno>
 
 namespace idemgate::test {
 namespace {
@@ -72,6 +75,11 @@ void HttpConnection::run(Op op) {
 }
 
 HttpResponse HttpConnection::request(const HttpRequest& req) {
+  send(req);
+  return read_response(req.method == "HEAD");
+}
+
+void HttpConnection::send(const HttpRequest& req) {
   http::request<http::string_body> message;
   message.method_string(req.method);
   message.target(req.target);
@@ -92,7 +100,6 @@ HttpResponse HttpConnection::request(const HttpRequest& req) {
       done();
     });
   });
-  return read_response(req.method == "HEAD");
 }
 
 void HttpConnection::send_raw(std::string_view bytes) {
@@ -126,6 +133,18 @@ HttpResponse HttpConnection::read_response(bool head) {
   response.keep_alive = message.keep_alive();
   if (!response.keep_alive) close();
   return response;
+}
+
+bool HttpConnection::readable_within(std::chrono::milliseconds wait) {
+  if (buffer_.size() > 0) return true;
+  // poll() reports POLLIN for data and for the peer's FIN, POLLHUP/POLLERR for a reset.
+  pollfd fd{stream_.socket().native_handle(), POLLIN, 0};
+  int ready = -1;
+  do {
+    ready = ::poll(&fd, 1, static_cast<int>(wait.count()));
+  } while (ready < 0 && errno == EINTR);
+  if (ready < 0) throw boost::system::system_error(errno, boost::system::system_category());
+  return ready > 0;
 }
 
 bool HttpConnection::wait_closed_by_peer() {

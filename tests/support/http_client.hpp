@@ -61,11 +61,19 @@ class HttpConnection {
   /// Writes `request` and reads its response. A response read after a HEAD request has no body.
   HttpResponse request(const HttpRequest& request);
 
+  /// Writes `request` without reading its response; pair with read_response() (e.g. to look
+  /// at the connection while the server still works on the request).
+  void send(const HttpRequest& request);
+
   /// Writes raw bytes as they are (for framing tests); pair with read_response().
   void send_raw(std::string_view bytes);
 
   /// Reads one response. `head`: the request was HEAD, so no body follows.
   HttpResponse read_response(bool head = false);
+
+  /// Whether anything from the server (a byte, or the end of the connection) can be read
+  /// within `wait`; nothing is consumed. A check that nothing arrived yet, not a measurement.
+  bool readable_within(std::chrono::milliseconds wait);
 
   /// Waits up to the timeout for the server to close the connection without sending anything.
   /// Returns true on EOF or reset; false when the timeout passed or bytes arrived instead.
