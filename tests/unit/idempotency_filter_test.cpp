@@ -88,8 +88,12 @@ struct Fixture {
     };
   }
 
+  /// Runs the filter to its end and returns its result. FilterResult's outcome defaults to
+  /// `executed`, so the result is only taken from a coroutine that completed: one that never
+  /// finished (it waits on something that never comes) fails the test here instead of passing
+  /// as an execution.
   FilterResult run(KeyedRequest req, IdempotencyFilter::Forward forward) {
-    FilterResult out;
+    std::optional<FilterResult> out;
     asio::co_spawn(io, filter.run(policy, std::move(req), std::move(forward)),
                    [&out](std::exception_ptr e, FilterResult r) {
                      if (e) std::rethrow_exception(e);
@@ -97,7 +101,8 @@ struct Fixture {
                    });
     io.restart();
     io.run();
-    return out;
+    BOOST_REQUIRE_MESSAGE(out.has_value(), "the filter's coroutine did not complete");
+    return std::move(*out);
   }
 };
 
