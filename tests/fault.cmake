@@ -3,6 +3,6 @@
 # disturbs, so it needs no store variables and shares no store with other suites.
 idemgate_test(fault_e2e_test fault
   SOURCES fault/fault_e2e_test.cpp fault/local_stores.cpp
-  LIBS idemgate_e2e_fixture PkgConfig::HIREDIS PostgreSQL::PostgreSQL)
+  LIBS idemgate_e2e_fixture idemgate_ops_support PkgConfig::HIREDIS PostgreSQL::PostgreSQL)
 # The test starts both binaries; build them with it.
 add_dependencies(fault_e2e_test idemgate payment-service)

@@ -1,5 +1,6 @@
-// Fault injection (SPEC C23–C26): real `idemgate` and `payment-service` processes against a
-// private Postgres and Redis that this binary starts, stops, stalls and disturbs. Each scenario
+// Fault injection (SPEC C23–C26, C36): real `idemgate` and `payment-service` processes against a
+// private Postgres and Redis that this binary starts, stops, stalls and disturbs; also the
+// order C15 promises, seen by holding a record's commit in Postgres. Each scenario
 // prints one line `scenario=<name> executions=<n> distinct_keys=<k>`, where executions is the
 // payment service's `payment_posts` delta (requests that reached the upstream) and distinct_keys
 // the idempotency keys involved; wherever SPEC promises exactly-once the two are asserted equal.
@@ -30,6 +31,7 @@
 #include "gateway/core/replay_marker.hpp"
 #include "tests/e2e/gateway_fixture.hpp"
 #include "tests/fault/local_stores.hpp"
+#include "tests/ops/metric_text.hpp"
 
 namespace {
 
@@ -70,6 +72,9 @@ constexpr auto kRecoveryDeadline = 10s;
 constexpr auto kClientTimeout = 15s;
 /// Interval between retries of a client that polls (for a lock to lapse, a store to return).
 constexpr auto kRetryInterval = 100ms;
+/// How long a client looks for response bytes that must not have come (C15): a negative check
+/// that bounds nothing; a longer look would only make it stricter.
+constexpr auto kNothingArrives = 500ms;
 
 std::int64_t ms(Clock::duration d) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
@@ -249,6 +254,15 @@ bool redis_answers(std::chrono::milliseconds timeout) {
   } catch (const std::runtime_error&) {
     return false;
   }
+}
+
+/// The counter `name` of the gateway's /metrics (SPEC C31); the test stops when it is missing.
+double counter(const Gateway& gateway, const std::string& name) {
+  const HttpResponse scraped = gateway.admin_get("/metrics");
+  BOOST_TEST_REQUIRE(scraped.status == 200u, describe(scraped));
+  const auto value = idemgate::test::ops::metric_value(scraped.body, name);
+  BOOST_TEST_REQUIRE(value.has_value(), name << " is not on /metrics");
+  return *value;
 }
 
 /// Deletes a trigger function and its trigger when the scope ends, whatever the test's outcome.
@@ -810,6 +824,128 @@ BOOST_AUTO_TEST_CASE(spec_C25_redis_stalled_times_out_then_serves_after_the_stal
 }
 
 // -------------------------------------------------------------------------------------------
+// C15 — the answer leaves only after its record is committed
+
+namespace {
+
+/// Holds the commit of every record of `route` until release() or the end of the scope. A
+/// constraint trigger deferred to commit time takes a shared advisory lock that a session of
+/// the test holds exclusively, so the inserting transaction can neither commit nor end while
+/// the hold lasts, and its backend shows in pg_stat_activity as waiting on that lock: the
+/// commit becomes an event the test can see before the answer.
+class CommitHold {
+ public:
+  explicit CommitHold(const std::string& route)
+      : ddl_(stores().pg_dsn()), holder_(stores().pg_dsn()) {
+    holder_.row("SELECT pg_advisory_lock(" + std::string(kLock) + ")");
+    held_ = true;
+    ddl_.row(
+        "CREATE OR REPLACE FUNCTION idemgate_c15_hold() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$BEGIN PERFORM pg_advisory_xact_lock_shared(" +
+        std::string(kLock) + "); RETURN NULL; END$$");
+    ddl_.row(
+        "CREATE CONSTRAINT TRIGGER idemgate_c15_hold AFTER INSERT ON idempotency_record"
+        " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.route = '" +
+        route + "') EXECUTE FUNCTION idemgate_c15_hold()");
+  }
+  ~CommitHold() {
+    try {
+      release();  // first: dropping the trigger waits for the transaction it holds
+      ddl_.row("DROP TRIGGER IF EXISTS idemgate_c15_hold ON idempotency_record");
+      ddl_.row("DROP FUNCTION IF EXISTS idemgate_c15_hold()");
+    } catch (const std::exception& e) {
+      BOOST_TEST_MESSAGE("clean-up failed: " << e.what());
+    }
+  }
+  CommitHold(const CommitHold&) = delete;
+  CommitHold& operator=(const CommitHold&) = delete;
+
+  /// Waits until a commit is held (a backend waits on the advisory lock) and returns the
+  /// statement that backend ran; "" when none was held within kEventDeadline.
+  std::string wait_until_held() {
+    std::string statement;
+    eventually([&] {
+      statement = ddl_.scalar(
+          "SELECT query FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+          " AND wait_event = 'advisory' AND query LIKE '%idempotency_record%'");
+      return !statement.empty();
+    });
+    return statement;
+  }
+
+  /// Lets the held commits finish.
+  void release() {
+    if (!held_) return;
+    holder_.row("SELECT pg_advisory_unlock(" + std::string(kLock) + ")");
+    held_ = false;
+  }
+
+ private:
+  static constexpr const char* kLock = "1515";  // the stores are this binary's own
+  Database ddl_;
+  Database holder_;  ///< the session whose advisory lock holds the commits
+  bool held_ = false;
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C15_no_response_byte_reaches_the_client_before_its_record_commits) {
+  TestUpstream upstream;  // answers 201 at once
+  GatewayConfig config;
+  config.upstreams = {{"payments", {upstream.address()}}};
+  // The commit is held for as long as the test needs, and nothing in the gateway may cut that
+  // wait short: an insert past storage.postgres.operation_timeout (or the statement_timeout
+  // derived from it) fails, and C26 then retries it until commit_timeout and answers
+  // unrecorded; that is the failure path, not the one shown here. operation_timeout is the
+  // largest the configuration takes (60 s), commit_timeout is larger still, and the hold lasts
+  // at most kEventDeadline (30 s) plus two short exchanges, so the answer this test gets can
+  // only be the normal path's. lock_ttl keeps its default: the lock is renewed while the commit
+  // waits (C23, C26).
+  config.routes_yaml = single_route("c15-order", "      commit_timeout: 300s\n");
+  config.postgres_operation_timeout = "60s";
+  Gateway gateway(config);
+  Database db(stores().pg_dsn());
+  RedisClient redis;
+  CommitHold hold("c15-order");
+
+  const std::string key = unique_name("c15-order");
+  const std::string lock = lock_key(record_id_hex("c15-order", key));
+  const HttpRequest request = keyed_post("/payments", key, R"({"amount":1})");
+  const std::string count = "SELECT count(*) FROM idempotency_record WHERE route = 'c15-order'";
+  HttpConnection client(kLoopback, gateway.port(), kClientTimeout);
+  client.send(request);
+
+  const std::string held = hold.wait_until_held();
+  BOOST_TEST_REQUIRE(!held.empty(), "the record's commit was never seen waiting\n"
+                                        << gateway.diagnostics());
+  // The statement held is the batched writer's (group commit, the gateway's default), whose
+  // rows come from unnest() arrays; the upstream has answered, the record is not committed.
+  BOOST_TEST(held.find("unnest(") != std::string::npos, held);
+  BOOST_TEST(upstream.count("/payments") == 1u);
+  BOOST_TEST(db.scalar(count) == "0");
+  BOOST_TEST(!client.readable_within(kNothingArrives),
+             "the answer reached the client before its record was committed");
+  // Nothing answers for the record before its commit either: the key still holds the plain
+  // lock, not the committed marker (C23), and a retry now is refused, not replayed or executed.
+  BOOST_TEST(!idemgate::core::is_replay_marker(redis.get(lock).value_or("")));
+  const Timed retry = send_timed(gateway, request);
+  BOOST_REQUIRE_MESSAGE(retry.error.empty(), retry.error);
+  BOOST_TEST(in_flight(retry.response), gateway.explain(retry.response));
+
+  hold.release();
+  const HttpResponse answer = client.read_response();
+  BOOST_TEST(answer.status == 201u, gateway.explain(answer));
+  BOOST_TEST(!replayed(answer));
+  BOOST_TEST(db.scalar(count) == "1");
+  const Timed replay = send_timed(gateway, request);
+  BOOST_REQUIRE_MESSAGE(replay.error.empty(), replay.error);
+  BOOST_TEST(replayed(replay.response), gateway.explain(replay.response));
+  BOOST_TEST(replay.response.body == answer.body);
+  BOOST_TEST(upstream.count("/payments") == 1u);
+  report("C15_commit_held", upstream.count("/payments"), 1);
+}
+
+// -------------------------------------------------------------------------------------------
 // C26 — the record commit fails after the upstream answered
 
 BOOST_AUTO_TEST_CASE(spec_C26_commit_failing_past_commit_timeout_still_answers_keeps_the_lock) {
@@ -835,6 +971,7 @@ BOOST_AUTO_TEST_CASE(spec_C26_commit_failing_past_commit_timeout_still_answers_k
   const std::string key = unique_name("c26");
   const HttpRequest request = payment_post("gateway.test", key, unique_name("pay-c26"));
   const auto posts = payments.counter("payment_posts");
+  const double failures = counter(gateway, "idemgate_record_commit_failures_total");
 
   const Timed first = send_timed(gateway, request);
   BOOST_REQUIRE(first.error.empty());
@@ -857,6 +994,8 @@ BOOST_AUTO_TEST_CASE(spec_C26_commit_failing_past_commit_timeout_still_answers_k
 
   const auto logged = log_lines(gateway.stderr_text(), "record commit failed");
   BOOST_TEST(logged.size() == 1u, gateway.diagnostics());
+  // Counted once: one request whose commit gave up, however many attempts it made (C26, C31).
+  BOOST_TEST(counter(gateway, "idemgate_record_commit_failures_total") - failures == 1.0);
 
   const auto executions = payments.counter("payment_posts") - posts;
   BOOST_TEST(executions == 1u);
@@ -929,6 +1068,58 @@ BOOST_AUTO_TEST_CASE(spec_C26_postgres_restarted_after_the_upstream_answered_com
   std::cout << "figures scenario=C26_postgres_restarted outage_ms=" << ms(started_at - stopped_at)
             << " answer_after_restart_ms=" << ms(answered.done - started_at) << std::endl;
   report("C26_postgres_restarted", upstream.count("/payments"), 1);
+}
+
+// -------------------------------------------------------------------------------------------
+// C36 — Postgres is the arbiter when the lock is lost
+
+BOOST_AUTO_TEST_CASE(spec_C36_a_lost_lock_lets_a_retry_execute_and_the_first_commit_answers_both) {
+  TestUpstream upstream;
+  // The original waits at the upstream until the test lets it go; the retry that executes
+  // meanwhile is answered at once, so its record is committed first. Every execution gets its
+  // own body ({"path":…,"n":N}), so the answers tell which one was stored.
+  UpstreamReply held;
+  held.hold = true;
+  upstream.on("/payments", {held, UpstreamReply{}});
+  GatewayConfig config;
+  config.upstreams = {{"payments", {upstream.address()}}};
+  config.routes_yaml = single_route("c36-lost", "      lock_ttl: 30s\n");
+  Gateway gateway(config);
+  RedisClient redis;
+  const double duplicates = counter(gateway, "idemgate_duplicate_executions_total");
+
+  const std::string key = unique_name("c36-lost");
+  const std::string lock = lock_key(record_id_hex("c36-lost", key));
+  const HttpRequest request = keyed_post("/payments", key, R"({"amount":1})");
+  auto original = std::async(std::launch::async, [&] { return send_timed(gateway, request); });
+  BOOST_REQUIRE_MESSAGE(upstream.wait_for("/payments", 1),
+                        "the original never reached the upstream\n"
+                            << gateway.diagnostics());
+  // Redis loses the lock mid-flight (an eviction, a failover that dropped the last writes).
+  BOOST_TEST_REQUIRE(redis.del(lock) == 1);
+
+  const Timed retry = send_timed(gateway, request);
+  BOOST_REQUIRE_MESSAGE(retry.error.empty(), retry.error);
+  BOOST_TEST(retry.response.status == 201u, gateway.explain(retry.response));
+  BOOST_TEST(!replayed(retry.response), "the retry should have executed: the lock was gone");
+  BOOST_TEST(upstream.count("/payments") == 2u);
+
+  upstream.release();  // the original's insert now finds the retry's record
+  const Timed first = original.get();
+  BOOST_REQUIRE_MESSAGE(first.error.empty(), first.error);
+  BOOST_TEST(first.response.status == 201u, gateway.explain(first.response));
+  BOOST_TEST(replayed(first.response), gateway.explain(first.response));
+  BOOST_TEST(first.response.body == retry.response.body,
+             "the original got its own execution's "
+             "answer, not the committed one");
+  BOOST_TEST(counter(gateway, "idemgate_duplicate_executions_total") - duplicates == 1.0);
+
+  // Later retries replay that same committed answer, and nothing executes again.
+  const Timed later = send_timed(gateway, request);
+  BOOST_TEST(replayed(later.response), gateway.explain(later.response));
+  BOOST_TEST(later.response.body == retry.response.body);
+  BOOST_TEST(upstream.count("/payments") == 2u);
+  report("C36_lock_lost", upstream.count("/payments"), 1);
 }
 
 // -------------------------------------------------------------------------------------------
