@@ -5,9 +5,13 @@
 #define BOOST_TEST_MODULE idempotency_contract_e2e
 #include <boost/json/parse.hpp>
 #include <boost/test/unit_test.hpp>
+#include <chrono>
+#include <ctime>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <sstream>
+#include <thread>
 
 #include "tests/contract/contract_support.hpp"
 
@@ -38,6 +42,15 @@ UpstreamReply reset_reply() {
 /// tells the two apart without making the outcome depend on it.
 bool still_waiting(std::future<HttpResponse>& future) {
   return future.wait_for(300ms) == std::future_status::timeout;
+}
+
+/// An IMF-fixdate (RFC 9110 §5.6.7, e.g. `Sun, 06 Nov 1994 08:49:37 GMT`) as a time point;
+/// nullopt when `text` is not one.
+std::optional<std::chrono::system_clock::time_point> parse_http_date(const std::string& text) {
+  std::tm tm{};
+  const char* end = ::strptime(text.c_str(), "%a, %d %b %Y %H:%M:%S GMT", &tm);
+  if (end == nullptr || *end != '\0') return std::nullopt;
+  return std::chrono::system_clock::from_time_t(::timegm(&tm));
 }
 
 /// The payments route of conf/demo.yaml with extra `idempotency` lines.
@@ -212,6 +225,55 @@ BOOST_AUTO_TEST_CASE(spec_C16_the_gateway_owns_idempotent_replayed_in_both_direc
   BOOST_TEST(!replay.header("Idempotent-Body-Omitted").has_value(), describe(replay));
   BOOST_TEST(replay.body == R"({"ok":true})");
   BOOST_TEST(upstream.count("/forged") == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C16_a_replay_is_dated_when_it_is_sent_not_when_it_was_stored) {
+  TestUpstream upstream;
+  // The upstream dates its answer too: no replay may carry that Date either.
+  const std::string upstream_date = "Sun, 06 Nov 1994 08:49:37 GMT";
+  upstream.on("/dated",
+              {{201, {{"Content-Type", "application/json"}, {"Date", upstream_date}}, "{}"}});
+  GatewayConfig config;
+  config.upstreams = {{"up", {upstream.address()}}};
+  config.routes = {route("dated", "/dated", "up")};
+  Gateway gateway(config);
+  RedisClient redis;
+
+  const std::string key = unique_name("c16-date");
+  const std::string lock = lock_key(record_id_hex("dated", key));
+  const HttpRequest request = keyed_post("/dated", key, "{}");
+  const HttpResponse first = gateway.send(request);
+  const auto first_received = std::chrono::system_clock::now();
+  BOOST_TEST_REQUIRE(first.status == 201u, gateway.explain(first));
+  const std::string first_date = first.header("Date").value_or("");
+  BOOST_TEST_REQUIRE(parse_http_date(first_date).has_value(), describe(first));
+  BOOST_TEST_REQUIRE(redis.wait_for_marker(lock), gateway.diagnostics());
+
+  // HTTP-dates count whole seconds: the replays go out two seconds after the first answer came
+  // back, so that a Date kept from the first exchange cannot look fresh.
+  std::this_thread::sleep_until(first_received + 2s);
+  // Replayed from the committed marker in Redis, then (the marker gone) from Postgres.
+  for (const bool from_marker : {true, false}) {
+    if (!from_marker) BOOST_TEST_REQUIRE(redis.del(lock) == 1);
+    const auto sent = std::chrono::floor<std::chrono::seconds>(std::chrono::system_clock::now());
+    const HttpResponse replay = gateway.send(request);
+    const auto received = std::chrono::system_clock::now();
+    BOOST_TEST_REQUIRE(replayed(replay), describe(replay));
+    BOOST_TEST(replay.header_count("Date") == 1u, describe(replay));
+    const std::string date = replay.header("Date").value_or("");
+    const auto dated = parse_http_date(date);
+    BOOST_TEST_REQUIRE(dated.has_value(), "not an HTTP-date: '" << date << "'");
+    BOOST_TEST(date != first_date, "the replay has the first answer's Date "
+                                       << date << " (from_marker=" << from_marker << ")");
+    BOOST_TEST(date != upstream_date, "the replay has the upstream's Date "
+                                          << date << " (from_marker=" << from_marker << ")");
+    // The Date of the replay lies between its request and its answer.
+    BOOST_TEST((*dated >= sent),
+               date << " is before the replay was sent (from_marker=" << from_marker << ")");
+    BOOST_TEST((*dated <= received),
+               date << " is after the replay came back (from_marker=" << from_marker << ")");
+  }
+  BOOST_TEST(upstream.count("/dated") == 1u);
 }
 
 // -------------------------------------------------------------------------------------------
