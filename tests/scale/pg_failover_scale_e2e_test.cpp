@@ -352,7 +352,7 @@ void check_answer(const Timed& a, std::map<std::string, int>& kinds, int& report
                   const Gateway& gateway) {
   const std::string kind = kind_of(a);
   ++kinds[kind];
-  const bool ok = allowed_kind(kind) && a.elapsed() <= kAnswerBound;
+  const bool ok = allowed_kind(kind) && a.elapsed() <= kAnswerBound;  // SPEC C25, C26
   if (ok) return;
   if (reported++ < 5) {
     BOOST_TEST(allowed_kind(kind), "answer of kind " << kind << " on instance " << a.instance

@@ -387,7 +387,7 @@ LoadTally check_answers(const std::vector<KeyRecord>& records, Clock::duration b
       ++tally.kinds[kind];
       tally.slowest_ms = std::max(tally.slowest_ms, ms(a.elapsed()));
       answered_2xx |= a.error.empty() && success(a.response);
-      const bool ok = allowed_kind(kind) && a.done - a.start <= bound;
+      const bool ok = allowed_kind(kind) && a.done - a.start <= bound;  // SPEC C25
       if (!ok && reported++ < 5) {
         BOOST_TEST(allowed_kind(kind), "answer of kind " << kind << " on instance " << a.instance
                                                          << ": " << a.error << "\n"
@@ -628,7 +628,7 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_keeps_every_lock_when_the_primary_
                                                            << gateway.explain(t.response));
     // SPEC C25: once the upstream answered, the answer waits on no store operation past its
     // operation_timeout.
-    BOOST_TEST(ms(t.done - released) <= ms(kStoreFaultBound),
+    BOOST_TEST(ms(t.done - released) <= ms(kStoreFaultBound),  // SPEC C25
                "the in-flight original was answered " << ms(t.done - released)
                                                       << " ms after the upstream's answer");
     in_flight_records.push_back(std::move(record));
@@ -688,7 +688,7 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_fewer_acks_is_a_store_error_and_re
                                                       << "\n"
                                                       << gateway.explain(refused.response));
   // SPEC C41: WAIT counts the acknowledgements within operation_timeout; then C25.
-  BOOST_TEST(ms(refused.elapsed()) <= ms(kStoreFaultBound),
+  BOOST_TEST(ms(refused.elapsed()) <= ms(kStoreFaultBound),  // SPEC C41, C25
              "answered after " << ms(refused.elapsed()) << " ms");
   BOOST_TEST(payments.counter("payment_posts") == posts, "forwarded without the replica's ack");
   BOOST_TEST(lock_left == 0, "the lock was not released after too few acknowledgements");
@@ -931,7 +931,7 @@ BOOST_AUTO_TEST_CASE(spec_C41_sentinels_unreachable_keep_the_primary_that_still_
                                        << gateway.diagnostics());
   // SPEC C25 (with C41's lookup): the lookup gives up after one operation_timeout, the sentinel
   // it is asking then may run out its own, and the command follows on the primary.
-  BOOST_TEST(ms(t.elapsed()) <= ms(kRedisTimeout + kStoreFaultBound),
+  BOOST_TEST(ms(t.elapsed()) <= ms(kRedisTimeout + kStoreFaultBound),  // SPEC C25, C41
              "the request took " << ms(t.elapsed()) << " ms");
   BOOST_TEST(failovers(gateway, 0).value_or(-1) == 0.0, "no switch happened");
 }
