@@ -1,9 +1,14 @@
 #include "tests/fault/local_stores.hpp"
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "tests/e2e/gateway_fixture.hpp"
 #include "tests/support/process.hpp"
@@ -68,6 +73,37 @@ void LocalStores::stop_pg() {
 
 void LocalStores::start_pg() {
   run({"start-pg", dir_});
+}
+
+pid_t LocalStores::redis_pid() const {
+  std::ifstream file(std::filesystem::path(dir_) / "redis.pid");
+  pid_t pid = 0;
+  if (!(file >> pid) || pid <= 0)
+    throw std::runtime_error("no Redis pid in " + dir_ + "/redis.pid");
+  return pid;
+}
+
+void LocalStores::freeze_redis() {
+  const pid_t pid = redis_pid();
+  if (::kill(pid, SIGSTOP) != 0)
+    throw std::runtime_error("SIGSTOP to Redis " + std::to_string(pid) + " failed");
+  // The state letter follows the command name in parentheses: T once the process is stopped.
+  const auto deadline = std::chrono::steady_clock::now() + e2e::kEventDeadline;
+  for (;;) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const auto paren = text.rfind(')');
+    if (paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'T') return;
+    if (std::chrono::steady_clock::now() > deadline)
+      throw std::runtime_error("Redis " + std::to_string(pid) + " never showed as stopped");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void LocalStores::thaw_redis() {
+  const pid_t pid = redis_pid();
+  if (::kill(pid, SIGCONT) != 0)
+    throw std::runtime_error("SIGCONT to Redis " + std::to_string(pid) + " failed");
 }
 
 std::string LocalStores::run(const std::vector<std::string>& args) const {

@@ -2,6 +2,8 @@
 // Private Postgres and Redis for fault tests, run by the repository's own `scripts/local-stores`,
 // so that a test may stop, start, stall and disturb them without touching anyone else's stores.
 
+#include <sys/types.h>
+
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -36,6 +38,12 @@ class LocalStores {
   void stop_pg();
   /// Starts Postgres again on the same port and waits until it accepts connections.
   void start_pg();
+  /// Freezes Redis (SIGSTOP) and returns once the kernel reports it stopped: connections are
+  /// still accepted, but nothing is answered until thaw_redis(). The stall lasts exactly as long
+  /// as the test wants, with no clock involved.
+  void freeze_redis();
+  /// Resumes a frozen Redis (SIGCONT).
+  void thaw_redis();
 
   const std::string& dir() const { return dir_; }
   const std::string& pg_dsn() const { return pg_dsn_; }
@@ -46,6 +54,8 @@ class LocalStores {
  private:
   /// Runs the script with `args`; returns its stdout.
   std::string run(const std::vector<std::string>& args) const;
+  /// The process id in DIR/redis.pid (the script's Redis). Throws when there is none.
+  pid_t redis_pid() const;
 
   std::filesystem::path script_;
   std::string dir_;

@@ -926,12 +926,12 @@ BOOST_FIXTURE_TEST_CASE(spec_C08_a_pooled_connection_the_upstream_closes_leaves_
         result = co_await pool.forward(upstream, std::move(req));
       },
       asio::detached);
-  while (!result && io.run_one_for(10s) > 0) {
+  while (!result && io.run_one_for(kEventDeadline) > 0) {
   }
   BOOST_REQUIRE(result.has_value());
   BOOST_TEST(result->response.result_int() == 200u);
   BOOST_TEST(pool.idle_connections("main") == 1u);  // pooled; the upstream closes it 200 ms later
-  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  const auto deadline = std::chrono::steady_clock::now() + kEventDeadline;
   while (pool.idle_connections("main") != 0 && std::chrono::steady_clock::now() < deadline) {
     io.run_for(20ms);
     io.restart();

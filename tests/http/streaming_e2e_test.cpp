@@ -25,11 +25,13 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "tests/ops/ops_support.hpp"
 #include "tests/support/pattern_body.hpp"
+#include "tests/support/spec_bounds.hpp"
 
 namespace {
 
@@ -356,12 +358,14 @@ GatewayConfig stream_config(const StreamUpstream& upstream, const std::string& l
 }
 
 const std::string kDefaultLimits = "{ max_request_body: 1MiB, drain_timeout: 2s }";
+/// The drain_timeout of kDefaultLimits.
+constexpr auto kDefaultDrainTimeout = 2s;
 
 /// A WebSocket client with blocking, bounded operations.
 class WsClient {
  public:
   WsClient(std::uint16_t port, const std::string& host, const std::string& target,
-           std::chrono::milliseconds timeout = 10s)
+           std::chrono::milliseconds timeout = kEventDeadline)
       : ws_(io_), timeout_(timeout) {
     auto& socket = ws_.next_layer();
     const tcp::endpoint endpoint(asio::ip::make_address(kLoopback), port);
@@ -560,21 +564,28 @@ BOOST_AUTO_TEST_CASE(spec_C38_a_slow_reader_that_keeps_progressing_is_not_cut) {
   // see no progress however steadily the client reads.
   const auto slow_until = Clock::now() + 3s;
   std::uint64_t next_pause = kMiB;
-  std::uint64_t written_after_slow_phase = 0;
+  // What the upstream had written when the slow phase ended, read at the first piece after it.
+  std::optional<std::uint64_t> written_after_slow_phase;
   const Download d = read_download(client, [&](std::uint64_t bytes) {
-    if (bytes < next_pause || Clock::now() >= slow_until) return;
+    if (written_after_slow_phase) return;
+    if (Clock::now() >= slow_until) {
+      written_after_slow_phase = upstream.counter("bytes_written_total");
+      return;
+    }
+    if (bytes < next_pause) return;
     std::this_thread::sleep_for(300ms);
     next_pause = bytes + kMiB;
-    if (Clock::now() >= slow_until)
-      written_after_slow_phase = upstream.counter("bytes_written_total");
   });
   BOOST_TEST_REQUIRE(d.status == 200u, d.describe() << "\n" << gateway.diagnostics());
   BOOST_TEST(d.complete, d.describe() << "\n" << gateway.diagnostics());
   BOOST_TEST(d.bytes == n);
   BOOST_TEST(d.pattern_ok);
   // Backpressure: the slow client held the upstream back instead of the gateway buffering.
-  BOOST_TEST(written_after_slow_phase < n / 2,
-             "the upstream had written " << written_after_slow_phase << " bytes");
+  BOOST_TEST_REQUIRE(
+      written_after_slow_phase.has_value(),
+      "the whole body arrived within the slow phase: nothing held the upstream back");
+  BOOST_TEST(*written_after_slow_phase < n / 2,
+             "the upstream had written " << *written_after_slow_phase << " bytes");
 }
 
 BOOST_AUTO_TEST_CASE(spec_C38_a_stalled_reader_is_cut_after_idle_timeout) {
@@ -750,8 +761,10 @@ BOOST_AUTO_TEST_CASE(spec_C40_an_idle_tunnel_is_closed_after_tunnel_idle_timeout
   BOOST_TEST_REQUIRE(!ws.send("ping", false));
   std::string echoed;
   BOOST_TEST_REQUIRE(!ws.receive(echoed));
-  // Nothing moves from here: the gateway closes the tunnel after ~1 s (the default
-  // idle_timeout of 60 s does not apply to it).
+  // Nothing moves from here: the gateway closes the tunnel after tunnel_idle_timeout (1 s; the
+  // default idle_timeout of 60 s does not apply to it). SPEC C40 states no bound on how soon
+  // after: the client's read deadline (kEventDeadline) only keeps a gateway that never closes
+  // it from hanging the case.
   const auto quiet = Clock::now();
   const auto ec = ws.receive(echoed);
   const double closed_after = seconds_since(quiet);
@@ -759,7 +772,6 @@ BOOST_AUTO_TEST_CASE(spec_C40_an_idle_tunnel_is_closed_after_tunnel_idle_timeout
                                       << " s after the last message: " << ec.message());
   BOOST_TEST((ec && ec != asio::error::timed_out), ec.message());
   BOOST_TEST(closed_after >= 0.9);
-  BOOST_TEST(closed_after < 5.0);
   BOOST_TEST(upstream.wait_for_counter_equal("ws_open", 0), "the upstream side stayed open");
 }
 
@@ -879,7 +891,10 @@ BOOST_AUTO_TEST_CASE(spec_C40_sigterm_closes_tunnels_at_the_end_of_drain_timeout
   BOOST_TEST_MESSAGE("tunnel closed " << closed_after << " s after SIGTERM: " << ec.message());
   BOOST_TEST((ec && ec != asio::error::timed_out), ec.message());
   BOOST_TEST(closed_after >= 1.8);
-  BOOST_TEST(closed_after < 6.0);
+  // SPEC C40: the tunnels close at the end of drain_timeout (spec::kCloseMargin on top).
+  const double close_bound =
+      std::chrono::duration<double>(kDefaultDrainTimeout + spec::kCloseMargin).count();
+  BOOST_TEST(closed_after <= close_bound);  // SPEC C40
   BOOST_TEST(gateway.stop() == 0);
 }
 

@@ -10,6 +10,7 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 #include <boost/test/unit_test.hpp>
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <random>
@@ -30,6 +31,9 @@ using idemgate::test::HttpRequest;
 using idemgate::test::HttpResponse;
 
 const std::string kHost = "127.0.0.1";
+/// How long a test waits for an event (a port, a process's exit) before it fails: a safety net
+/// against hangs, not a measured threshold.
+constexpr std::chrono::seconds kEventDeadline{30};
 
 // A name no earlier run of this suite used, so tests need no clean database.
 std::string unique(const std::string& prefix) {
@@ -85,7 +89,7 @@ struct PaymentService {
 
   // Separate from construction so several instances can be started before any is awaited.
   void await_ready() {
-    if (!idemgate::test::wait_for_port(kHost, port, std::chrono::seconds(30), &child))
+    if (!idemgate::test::wait_for_port(kHost, port, kEventDeadline, &child))
       BOOST_FAIL("payment-service did not start; its stderr:\n" + log());
     // Listening comes before nothing else, but /healthz is the documented readiness answer.
     const HttpResponse health = get("/healthz");
@@ -495,7 +499,7 @@ BOOST_AUTO_TEST_CASE(sigterm_lets_an_in_flight_post_finish_then_exits_0) {
       "Content-Length: " +
       std::to_string(body.size()) + "\r\n\r\n" + body);
   // The service counts the POST before its delay: once counted, the request is in flight.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const auto deadline = std::chrono::steady_clock::now() + kEventDeadline;
   while (counter(service.stats(), "payment_posts") == 0) {
     BOOST_TEST_REQUIRE((std::chrono::steady_clock::now() < deadline));
     std::this_thread::yield();
@@ -505,7 +509,7 @@ BOOST_AUTO_TEST_CASE(sigterm_lets_an_in_flight_post_finish_then_exits_0) {
   const HttpResponse res = in_flight.read_response();
   BOOST_TEST(res.status == 201u, res.body);
   BOOST_TEST(!res.keep_alive);
-  BOOST_TEST(service.child.wait_for(std::chrono::seconds(30)).value_or(-1) == 0);
+  BOOST_TEST(service.child.wait_for(kEventDeadline).value_or(-1) == 0);
 }
 
 BOOST_AUTO_TEST_CASE(bad_arguments_exit_2_and_unreachable_database_exits_1) {
@@ -514,12 +518,12 @@ BOOST_AUTO_TEST_CASE(bad_arguments_exit_2_and_unreachable_database_exits_1) {
   missing_dsn.args = {"--listen", "127.0.0.1:0"};
   missing_dsn.stderr_path = "/dev/null";
   ChildProcess bad_args(missing_dsn);
-  BOOST_TEST(bad_args.wait_for(std::chrono::seconds(30)).value_or(-1) == 2);
+  BOOST_TEST(bad_args.wait_for(kEventDeadline).value_or(-1) == 2);
 
   ChildOptions no_database = missing_dsn;
   no_database.args = {"--listen", "127.0.0.1:0", "--dsn",
                       "postgresql://idem@127.0.0.1:" + std::to_string(idemgate::test::free_port()) +
                           "/payments?connect_timeout=5"};
   ChildProcess unreachable(no_database);
-  BOOST_TEST(unreachable.wait_for(std::chrono::seconds(30)).value_or(-1) == 1);
+  BOOST_TEST(unreachable.wait_for(kEventDeadline).value_or(-1) == 1);
 }

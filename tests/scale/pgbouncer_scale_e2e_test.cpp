@@ -65,14 +65,10 @@ constexpr std::size_t kStormClients = 50;  ///< C19: N ≥ 50 identical requests
 constexpr std::size_t kDistinctKeys = 48;
 /// Distinct keys at once with named statements behind the pooler: enough to mix the sessions.
 constexpr std::size_t kPreparedKeys = 32;
-constexpr auto kClientTimeout = 20s;  ///< safety net on every request, above commit_timeout
-/// C44 via C25: the gateway reconnects once PgBouncer is back; the bound the requirement names
-/// for that is 5 s (a generous one: a reconnect takes milliseconds).
-constexpr auto kRecoveryBound = 5s;
-constexpr auto kRecoveryDeadline = 15s;  ///< give up waiting for a recovery (then fail)
-constexpr auto kPoolerDown = 1s;         ///< how long PgBouncer stays stopped (the stimulus)
-constexpr auto kRetryInterval = 20ms;    ///< between requests of one polling client
-constexpr auto kLoadPace = 10ms;         ///< between keys of one load thread
+constexpr auto kClientTimeout = kEventDeadline;  ///< safety net on every request
+constexpr auto kPoolerDown = 1s;                 ///< how long PgBouncer stays stopped at least
+constexpr auto kRetryInterval = 20ms;            ///< between requests of one polling client
+constexpr auto kLoadPace = 10ms;                 ///< between keys of one load thread
 constexpr int kLoadThreads = 4;
 const std::string kGatewayProblems = "https://idemgate.dev/problems/";
 
@@ -330,6 +326,15 @@ class KeyedLoad {
       }
     }
     return first;
+  }
+
+  /// Answers so far of kind `kind` (kind_of) to requests sent after `after`.
+  std::size_t answers_of_kind(const std::string& kind, Clock::time_point after) const {
+    std::lock_guard lock(mutex_);
+    std::size_t n = 0;
+    for (const auto& r : records_)
+      for (const auto& a : r.answers) n += a.start >= after && kind_of(a) == kind;
+    return n;
   }
 
   /// Every key with its answers, once stopped.
@@ -674,12 +679,20 @@ BOOST_AUTO_TEST_CASE(
   std::vector<unsigned> ready_during;
   for (int i = 0; i < kInstances; ++i)
     ready_during.push_back(admin_get(gateway, i, "/readyz").status);
+  // Down for kPoolerDown, and until the load met the outage (a 503), which the checks below
+  // count on.
   std::this_thread::sleep_for(kPoolerDown);
+  const auto deadline_down = Clock::now() + kEventDeadline;
+  while (load.answers_of_kind("503", stopped) == 0 && Clock::now() < deadline_down)
+    std::this_thread::sleep_for(kRetryInterval);
   bouncer.start();
   const auto restarted = Clock::now();
 
+  // C44 via C25: the gateway reconnects by itself once PgBouncer is back. SPEC states no time
+  // for that: the recovery is awaited as an event (kEventDeadline only guards against a hang)
+  // and its time printed.
   std::vector<std::optional<Clock::time_point>> recovered(kInstances);
-  const auto deadline = restarted + kRecoveryDeadline;
+  const auto deadline = restarted + kEventDeadline;
   for (bool all = false; !all && Clock::now() < deadline;) {
     all = true;
     for (int i = 0; i < kInstances; ++i) {
@@ -705,8 +718,6 @@ BOOST_AUTO_TEST_CASE(
                             "no keyed request executed after the restart\n"
                                 << gateway.diagnostics() << bouncer.log_tail());
       const auto after = *recovered[i] - restarted;
-      BOOST_TEST(ms(after) <= ms(kRecoveryBound),
-                 "first execution " << ms(after) << " ms after the restart");
       recovery_figures += " instance" + std::to_string(i) +
                           "_first_success_after_restart_ms=" + std::to_string(ms(after));
     }

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -129,7 +130,7 @@ BOOST_AUTO_TEST_CASE(an_acl_user_reauthenticates_on_every_reconnect_after_a_rest
         const auto request =
             keyed_post("/payments", unique_name("acl"), payment_body(unique_name("pay-acl")));
         try {
-          const auto response = http_request(kLoopback, gateway.port(), request, 10s);
+          const auto response = http_request(kLoopback, gateway.port(), request, kEventDeadline);
           const std::lock_guard lock(mutex);
           ++statuses[response.status];
           const auto since = restarted_at.load();
@@ -153,19 +154,26 @@ BOOST_AUTO_TEST_CASE(an_acl_user_reauthenticates_on_every_reconnect_after_a_rest
     }
   } join{done, clients};
 
-  std::this_thread::sleep_for(1s);
+  // Each phase waits for what it needs to see, kEventDeadline being only a safety net: keyed
+  // requests executing, then a request that met the stopped Redis, then 20 executions after the
+  // restart.
+  const auto wait_until = [&](const std::function<bool()>& seen) {
+    const auto deadline = Clock::now() + kEventDeadline;
+    for (;;) {
+      {
+        const std::lock_guard lock(mutex);
+        if (seen()) return;
+      }
+      if (Clock::now() > deadline) return;
+      std::this_thread::sleep_for(20ms);
+    }
+  };
+  wait_until([&] { return statuses[201] >= 20; });
   redis.stop();
-  std::this_thread::sleep_for(500ms);
+  wait_until([&] { return statuses[503] > 0; });
   redis.start();
   restarted_at = Clock::now().time_since_epoch().count();
-  const auto deadline = Clock::now() + kEventDeadline;
-  while (Clock::now() < deadline) {
-    {
-      const std::lock_guard lock(mutex);
-      if (executed_after_restart >= 20) break;
-    }
-    std::this_thread::sleep_for(50ms);
-  }
+  wait_until([&] { return executed_after_restart >= 20; });
   done = true;
   for (auto& t : clients) t.join();
   clients.clear();

@@ -31,6 +31,7 @@
 #include "tests/fault/local_stores.hpp"
 #include "tests/ops/metric_text.hpp"
 #include "tests/scale/redis_sentinel.hpp"
+#include "tests/support/spec_bounds.hpp"
 
 namespace {
 
@@ -55,19 +56,22 @@ struct PrivateStores {
 };
 
 // -------------------------------------------------------------------------------------------
-// Bounds. The only time asserted as a bound on the gateway is SPEC's: a request that meets a
-// store fault ends within operation_timeout + 1 s (C25), and keyed requests succeed again within
-// 1 s of the promotion (C41).
+// Bounds. The only times asserted as bounds on the gateway are SPEC's, each with the margin of
+// tests/support/spec_bounds.hpp: a request that meets a store fault is answered once its store
+// operation ran out its operation_timeout (C25), and keyed requests succeed again within 1 s of
+// the promotion (C41). Everything else is awaited as an event, kEventDeadline being only the
+// safety net against a hang.
 
-constexpr auto kRedisTimeout = 500ms;    ///< storage.redis.operation_timeout of every gateway
-constexpr auto kStoreFaultSlack = 1s;    ///< C25
-constexpr auto kAfterPromotion = 1s;     ///< C41
-constexpr auto kClientTimeout = 10s;     ///< safety net on every request, above every bound
-constexpr auto kRecoveryDeadline = 15s;  ///< give up waiting for a recovery (then fail)
-constexpr auto kRetryInterval = 20ms;    ///< between requests of one polling client
-constexpr auto kLoadPace = 20ms;         ///< between keys of one load thread
-constexpr int kInstances = 2;            ///< gateway processes per scenario
-constexpr int kLoadThreads = 4;          ///< load clients, split over the instances
+constexpr auto kRedisTimeout = 500ms;  ///< storage.redis.operation_timeout of every gateway
+/// SPEC C25: operation_timeout plus spec::kStoreFaultMargin.
+constexpr auto kStoreFaultBound = kRedisTimeout + spec::kStoreFaultMargin;
+/// SPEC C41: 1 s after the promotion plus spec::kAfterPromotionMargin.
+constexpr auto kAfterPromotionBound = spec::kAfterPromotion + spec::kAfterPromotionMargin;
+constexpr auto kClientTimeout = kEventDeadline;  ///< safety net on every request
+constexpr auto kRetryInterval = 20ms;            ///< between requests of one polling client
+constexpr auto kLoadPace = 20ms;                 ///< between keys of one load thread
+constexpr int kInstances = 2;                    ///< gateway processes per scenario
+constexpr int kLoadThreads = 4;                  ///< load clients, split over the instances
 const std::string kGatewayProblems = "https://idemgate.dev/problems/";
 
 std::int64_t ms(Clock::duration d) {
@@ -334,11 +338,11 @@ bool wait_for_executions(const KeyedLoad& load, std::size_t n) {
 }
 
 /// Waits until every instance executed a request sent after `after`; returns each instance's
-/// first such moment (nullopt for one that did not within kRecoveryDeadline of `after`).
+/// first such moment (nullopt for one that did not within kEventDeadline of `after`).
 std::vector<std::optional<Clock::time_point>> wait_for_recovery(const KeyedLoad& load,
                                                                 Clock::time_point after) {
   std::vector<std::optional<Clock::time_point>> first(kInstances);
-  const auto deadline = after + kRecoveryDeadline;
+  const auto deadline = after + kEventDeadline;
   for (;;) {
     bool all = true;
     for (int i = 0; i < kInstances; ++i) {
@@ -358,7 +362,7 @@ struct LoadTally {
 };
 
 /// Checks every answer of `records`: an answer at all, of an allowed kind (C41), within
-/// `bound`. Counts them by kind.
+/// `bound` (a SPEC C25 bound: kStoreFaultBound). Counts them by kind.
 LoadTally check_answers(const std::vector<KeyRecord>& records, Clock::duration bound,
                         const Gateway& gateway) {
   LoadTally tally;
@@ -370,12 +374,13 @@ LoadTally check_answers(const std::vector<KeyRecord>& records, Clock::duration b
       ++tally.kinds[kind];
       tally.slowest_ms = std::max(tally.slowest_ms, ms(a.elapsed()));
       answered_2xx |= a.error.empty() && success(a.response);
-      const bool ok = allowed_kind(kind) && a.done - a.start <= bound;
+      const bool ok = allowed_kind(kind) && a.done - a.start <= bound;  // SPEC C25
       if (!ok && reported++ < 5) {
         BOOST_TEST(allowed_kind(kind), "answer of kind " << kind << " on instance " << a.instance
                                                          << ": " << a.error << "\n"
                                                          << describe(a.response));
-        BOOST_TEST(ms(a.elapsed()) <= ms(bound), "answered after " << ms(a.elapsed()) << " ms");
+        BOOST_TEST(ms(a.elapsed()) <= ms(bound),  // SPEC C25
+                   "answered after " << ms(a.elapsed()) << " ms");
       } else if (!ok) {
         BOOST_TEST(ok);  // counted, not described again
       }
@@ -460,10 +465,22 @@ BOOST_AUTO_TEST_CASE(
   load.start();
   BOOST_REQUIRE_MESSAGE(wait_for_executions(load, 10), "no steady load\n" << gateway.diagnostics());
   const auto killed = topology.kill_primary();
-  // No primary answers until the promotion (about 2 s away): not ready (C30, C41).
-  std::vector<std::pair<unsigned, Clock::time_point>> ready_during;
-  for (int i = 0; i < kInstances; ++i)
-    ready_during.emplace_back(admin_get(gateway, i, "/readyz").status, Clock::now());
+  // No primary answers until the promotion: not ready (C30, C41). A probe counts when the
+  // replica still says it is a replica after the probe's answer: no primary existed while it
+  // ran. Each instance is probed until one of its probes counts, or the promotion came first.
+  std::vector<std::optional<unsigned>> ready_during(kInstances);
+  const auto replica = topology.replica_port();
+  bool promotion_seen = false;
+  for (int i = 0; i < kInstances && !promotion_seen; ++i) {
+    while (!ready_during[i]) {
+      const unsigned status = admin_get(gateway, i, "/readyz").status;
+      if (topology.node_command(replica, {"ROLE"}).elements.at(0).str != "slave") {
+        promotion_seen = true;
+        break;
+      }
+      ready_during[i] = status;
+    }
+  }
   const auto promoted = topology.wait_for_promotion();
   const auto agreed = topology.wait_until_all_sentinels_agree();
   const auto recovered = wait_for_recovery(load, killed);
@@ -472,10 +489,10 @@ BOOST_AUTO_TEST_CASE(
 
   for (int i = 0; i < kInstances; ++i) {
     BOOST_TEST_CONTEXT("instance " << i << " /readyz") {
-      if (ready_during[i].second < promoted)
-        BOOST_TEST(ready_during[i].first == 503u, "ready while no primary was reachable");
-      else
-        BOOST_TEST_MESSAGE("/readyz answered after the promotion: not checked");
+      BOOST_TEST_REQUIRE(
+          ready_during[i].has_value(),
+          "the promotion came before /readyz answered: not probed without a primary");
+      BOOST_TEST(*ready_during[i] == 503u, "ready while no primary was reachable");
       const HttpResponse ready = admin_get(gateway, i, "/readyz");
       BOOST_TEST(ready.status == 200u, describe(ready));
     }
@@ -488,15 +505,15 @@ BOOST_AUTO_TEST_CASE(
                             "no keyed request executed after the failover\n"
                                 << gateway.diagnostics());
       const auto after = *recovered[i] - promoted;
-      BOOST_TEST(ms(after) <= ms(kAfterPromotion), "first execution " << ms(after)
-                                                                      << " ms after the promotion\n"
-                                                                      << gateway.diagnostics());
+      BOOST_TEST(ms(after) <= ms(kAfterPromotionBound),  // SPEC C41
+                 "first execution " << ms(after) << " ms after the promotion\n"
+                                    << gateway.diagnostics());
       recovery_figures += " instance" + std::to_string(i) +
                           "_first_success_after_promotion_ms=" + std::to_string(ms(after));
     }
   }
 
-  const LoadTally tally = check_answers(load.records(), kRedisTimeout + kStoreFaultSlack, gateway);
+  const LoadTally tally = check_answers(load.records(), kStoreFaultBound, gateway);  // SPEC C25
   const std::size_t replays_checked = check_replays(load.records(), gateway);
   const auto executions = payments.counter("payment_posts") - posts;
   const auto payments_made = payments.counter("payments_inserted") - inserted;
@@ -515,20 +532,23 @@ BOOST_AUTO_TEST_CASE(
 }
 
 BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_keeps_every_lock_when_the_primary_dies_mid_request) {
-  constexpr int kSlowDelayMs = 7000;  // past the promotion and the old primary's return
   constexpr int kInFlight = 4;
   SentinelTopology topology;
   PaymentService fast;
-  PaymentService slow({.delay_ms = kSlowDelayMs});
+  // The requests in flight at the failover wait at this upstream until the test lets them go,
+  // once their duplicates were answered: in flight then however long the failover takes. Its
+  // request_timeout is beyond every safety net, so that only the release ends the wait.
+  TestUpstream slow;
+  UpstreamReply held;
+  held.hold = true;
+  slow.on("/payments", {held});
   GatewayConfig config = sentinel_config(topology, fast, "fast.test", ", wait_replicas: 1");
-  config.upstreams.push_back({"slow", {slow.address()}});
+  config.upstreams.push_back({"slow", {slow.address()}, "1s", "600s"});
   config.routes_yaml += route("c41-slow", "slow.test", "slow");
   Gateway gateway(config, kInstances);
   warm_up(gateway, "fast.test");
   const auto fast_posts = fast.counter("payment_posts");
   const auto fast_inserted = fast.counter("payments_inserted");
-  const auto slow_posts = slow.counter("payment_posts");
-  const auto slow_inserted = slow.counter("payments_inserted");
 
   KeyedLoad load(gateway, "fast.test");
   load.start();
@@ -545,7 +565,7 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_keeps_every_lock_when_the_primary_
           return send_timed(gateway, request, i % kInstances);
         }));
   }
-  BOOST_REQUIRE_MESSAGE(slow.wait_for_counter("payment_posts", slow_posts + kInFlight),
+  BOOST_REQUIRE_MESSAGE(slow.wait_for("/payments", kInFlight),
                         "the in-flight requests never reached the upstream\n"
                             << gateway.diagnostics());
   const auto killed = topology.kill_primary();
@@ -554,41 +574,50 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_keeps_every_lock_when_the_primary_
   topology.restart_old_primary();
   const auto replica_back = Clock::now();
 
-  // The same keys again, through the other instance, while the originals are still upstream:
-  // the promoted primary holds their locks, so none may execute.
+  // The same keys again, through the other instance, while the originals are held upstream:
+  // the promoted primary holds their locks, so none may execute (409).
   // A 503 (the gateway not back yet) proves nothing: send again until the gateway decides.
   std::map<std::string, int> duplicate_kinds;
   for (int i = 0; i < kInFlight; ++i) {
+    const auto deadline = Clock::now() + kEventDeadline;
     for (;;) {
       const Timed t = send_timed(gateway, slow_requests[i], (i + 1) % kInstances);
       const std::string kind = kind_of(t);
       ++duplicate_kinds[kind];
-      const bool original_done = originals[i].wait_for(kRetryInterval) == std::future_status::ready;
-      if (kind == "503" && !original_done) continue;
-      // Once the original has answered, its replay is the right answer too.
-      BOOST_TEST((kind == "409" || (original_done && kind == "replayed")),
-                 "a duplicate of an in-flight key got " << kind << "\n"
-                                                        << describe(t.response) << "\n"
-                                                        << gateway.diagnostics());
+      if (kind == "503" && Clock::now() < deadline) {
+        std::this_thread::sleep_for(kRetryInterval);
+        continue;
+      }
+      BOOST_TEST(kind == "409", "a duplicate of an in-flight key got " << kind << "\n"
+                                                                       << describe(t.response)
+                                                                       << "\n"
+                                                                       << gateway.diagnostics());
       break;
     }
   }
-  BOOST_TEST(slow.counter("payment_posts") - slow_posts == static_cast<std::uint64_t>(kInFlight),
+  BOOST_TEST(slow.count("/payments") == static_cast<std::size_t>(kInFlight),
              "a duplicate of an in-flight key reached the upstream");
-  bool still_in_flight = true;
-  for (auto& o : originals) still_in_flight &= o.wait_for(0s) != std::future_status::ready;
-  BOOST_WARN_MESSAGE(still_in_flight,
-                     "an original ended before its duplicate was sent: that key proves less");
+  for (int i = 0; i < kInFlight; ++i) {
+    BOOST_TEST((originals[i].wait_for(0s) == std::future_status::timeout),
+               "in-flight original " << i << " was answered while its upstream held it");
+  }
+  slow.release();
+  const auto released = Clock::now();
 
   const auto recovered = wait_for_recovery(load, replica_back);
   std::vector<KeyRecord> in_flight_records;
+  std::int64_t slowest_after_release_ms = 0;
   for (int i = 0; i < kInFlight; ++i) {
     KeyRecord record{slow_requests[i], {originals[i].get()}};
     const Timed& t = record.answers.front();
+    slowest_after_release_ms = std::max(slowest_after_release_ms, ms(t.done - released));
     BOOST_TEST(executed(t.response), "in-flight original " << i << ": " << t.error << "\n"
                                                            << gateway.explain(t.response));
-    BOOST_TEST(ms(t.elapsed()) <= kSlowDelayMs + ms(kRedisTimeout + kStoreFaultSlack),
-               "the in-flight original took " << ms(t.elapsed()) << " ms");
+    // SPEC C25: once the upstream answered, the answer waits on no store operation past its
+    // operation_timeout.
+    BOOST_TEST(ms(t.done - released) <= ms(kStoreFaultBound),  // SPEC C25
+               "the in-flight original was answered " << ms(t.done - released)
+                                                      << " ms after the upstream's answer");
     in_flight_records.push_back(std::move(record));
   }
   load.stop();
@@ -603,14 +632,14 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_keeps_every_lock_when_the_primary_
                           "_first_success_after_replica_back_ms=" +
                           std::to_string(ms(*recovered[i] - replica_back));
   }
-  // Requests the WAIT holds may take operation_timeout for the WAIT itself.
-  const LoadTally tally = check_answers(load.records(), kRedisTimeout + kStoreFaultSlack, gateway);
+  // Requests the WAIT holds may take operation_timeout for the WAIT itself (SPEC C41, C25).
+  const LoadTally tally = check_answers(load.records(), kStoreFaultBound, gateway);
   const std::size_t replays_checked =
       check_replays(load.records(), gateway) + check_replays(in_flight_records, gateway);
-  const auto executions =
-      fast.counter("payment_posts") - fast_posts + slow.counter("payment_posts") - slow_posts;
-  const auto payments_made = fast.counter("payments_inserted") - fast_inserted +
-                             slow.counter("payments_inserted") - slow_inserted;
+  // Every execution of the held upstream is a payment of its own key: no second layer there.
+  const auto executions = fast.counter("payment_posts") - fast_posts + slow.count("/payments");
+  const auto payments_made =
+      fast.counter("payments_inserted") - fast_inserted + slow.count("/payments");
   const std::size_t distinct_keys = tally.keys_answered_2xx + kInFlight;
   const auto dups = duplicates(gateway);
   BOOST_TEST(executions == distinct_keys, "upstream executions differ from the keys answered 2xx");
@@ -622,6 +651,7 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_keeps_every_lock_when_the_primary_
             << " promotion_to_replica_back_ms=" << ms(replica_back - promoted) << recovery_figures
             << " keys=" << load.records().size() + kInFlight << " load: " << summary(tally.kinds)
             << " in_flight_duplicates: " << summary(duplicate_kinds)
+            << " in_flight_answered_after_release_ms=" << slowest_after_release_ms
             << " slowest_answer_ms=" << tally.slowest_ms << " replays_checked=" << replays_checked
             << " duplicates=" << dups << std::endl;
 }
@@ -644,7 +674,8 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_fewer_acks_is_a_store_error_and_re
   BOOST_TEST(store_unavailable(refused.response), refused.error
                                                       << "\n"
                                                       << gateway.explain(refused.response));
-  BOOST_TEST(ms(refused.elapsed()) <= ms(kRedisTimeout + kStoreFaultSlack),
+  // SPEC C41: WAIT counts the acknowledgements within operation_timeout; then C25.
+  BOOST_TEST(ms(refused.elapsed()) <= ms(kStoreFaultBound),  // SPEC C41, C25
              "answered after " << ms(refused.elapsed()) << " ms");
   BOOST_TEST(payments.counter("payment_posts") == posts, "forwarded without the replica's ack");
   BOOST_TEST(lock_left == 0, "the lock was not released after too few acknowledgements");
@@ -653,7 +684,7 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_fewer_acks_is_a_store_error_and_re
   // acknowledges again.
   std::map<std::string, int> kinds;
   Timed retry;
-  const auto deadline = Clock::now() + kRecoveryDeadline;
+  const auto deadline = Clock::now() + kEventDeadline;
   do {
     retry = send_timed(gateway, request, 0);
     ++kinds[kind_of(retry)];
@@ -685,7 +716,7 @@ BOOST_AUTO_TEST_CASE(spec_C41_sentinels_naming_a_replica_get_no_lock_command_and
         send_timed(gateway, payment_post("replica.test", unique_name("c41-replica")), 0);
     ++kinds[kind_of(t)];
     BOOST_TEST(store_unavailable(t.response), t.error << "\n" << gateway.explain(t.response));
-    BOOST_TEST(ms(t.elapsed()) <= ms(kRedisTimeout + kStoreFaultSlack),
+    BOOST_TEST(ms(t.elapsed()) <= ms(kStoreFaultBound),  // SPEC C25
                "answered after " << ms(t.elapsed()) << " ms");
   }
   const HttpResponse ready = admin_get(gateway, 0, "/readyz");
@@ -776,12 +807,13 @@ BOOST_AUTO_TEST_CASE(spec_C41_every_reconnect_authenticates_after_a_failover) {
       BOOST_REQUIRE_MESSAGE(recovered[i].has_value(),
                             "no keyed request executed after the failover\n"
                                 << gateway.diagnostics());
-      BOOST_TEST(ms(*recovered[i] - promoted) <= ms(kAfterPromotion), gateway.diagnostics());
+      BOOST_TEST(ms(*recovered[i] - promoted) <= ms(kAfterPromotionBound),  // SPEC C41
+                 gateway.diagnostics());
       figures += " instance" + std::to_string(i) + "_first_success_after_promotion_ms=" +
                  std::to_string(ms(*recovered[i] - promoted));
     }
   }
-  const LoadTally tally = check_answers(load.records(), kRedisTimeout + kStoreFaultSlack, gateway);
+  const LoadTally tally = check_answers(load.records(), kStoreFaultBound, gateway);  // SPEC C25
   report("C41_auth_after_failover", payments.counter("payment_posts") - posts,
          tally.keys_answered_2xx);
   std::cout << "figures scenario=C41_auth_after_failover kill_to_promotion_ms="
@@ -829,7 +861,7 @@ BOOST_AUTO_TEST_CASE(
   // The retry through the other instance: 503 until that instance found the new primary, then
   // it takes the (lost) lock and executes.
   auto second = std::async(std::launch::async, [&] {
-    const auto deadline = Clock::now() + kRecoveryDeadline;
+    const auto deadline = Clock::now() + kEventDeadline;
     for (;;) {
       Timed t = send_timed(gateway, request, 1);
       if (kind_of(t) != "503" || Clock::now() > deadline) return t;
@@ -880,11 +912,13 @@ BOOST_AUTO_TEST_CASE(spec_C41_sentinels_unreachable_keep_the_primary_that_still_
   BOOST_TEST(store_unavailable(stalled.response), gateway.explain(stalled.response));
   std::map<std::string, int> kinds;
   const Timed t =
-      poll_until_executed(gateway, 0, "quiet.test", Clock::now() + kRecoveryDeadline, kinds);
+      poll_until_executed(gateway, 0, "quiet.test", Clock::now() + kEventDeadline, kinds);
   BOOST_TEST(executed(t.response), "no keyed request executed while the sentinels were silent: "
                                        << summary(kinds) << "\n"
                                        << gateway.diagnostics());
-  BOOST_TEST(ms(t.elapsed()) <= ms(2 * kRedisTimeout + kStoreFaultSlack),
+  // SPEC C25 (with C41's lookup): the lookup gives up after one operation_timeout, the sentinel
+  // it is asking then may run out its own, and the command follows on the primary.
+  BOOST_TEST(ms(t.elapsed()) <= ms(kRedisTimeout + kStoreFaultBound),  // SPEC C25, C41
              "the request took " << ms(t.elapsed()) << " ms");
   BOOST_TEST(failovers(gateway, 0).value_or(-1) == 0.0, "no switch happened");
 }
@@ -908,8 +942,7 @@ BOOST_AUTO_TEST_CASE(spec_C46_each_instance_counts_and_logs_the_switch_to_the_ne
   const std::string to = topology.primary_address();
   std::map<std::string, int> kinds;
   for (int i = 0; i < kInstances; ++i) {
-    const Timed t =
-        poll_until_executed(gateway, i, "c46.test", promoted + kRecoveryDeadline, kinds);
+    const Timed t = poll_until_executed(gateway, i, "c46.test", promoted + kEventDeadline, kinds);
     BOOST_REQUIRE_MESSAGE(t.error.empty() && executed(t.response),
                           "instance " << i << " executed nothing after the failover\n"
                                       << gateway.explain(t.response));

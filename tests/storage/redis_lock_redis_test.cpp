@@ -118,11 +118,14 @@ BOOST_FIXTURE_TEST_CASE(spec_C41_a_lock_without_enough_replica_acks_is_released_
 // timed_out at its deadline, and the store is usable again without a restart. The server is
 // made unresponsive with CLIENT PAUSE WRITE, whose OK tells when the pause is in force (DEBUG
 // SLEEP is refused by Redis 7's default enable-debug-command=no, and racing it would need a
-// sleep).
+// sleep). The pause ends by the CLIENT UNPAUSE below, sent once the call has returned, so a call
+// that returns at all was ended by its deadline, not by the server waking.
 BOOST_FIXTURE_TEST_CASE(spec_C25_operation_past_timeout_is_timed_out_and_next_call_reconnects,
                         SideFixture) {
   static constexpr auto kTimeout = 200ms;
-  static constexpr auto kPause = 20s;
+  // Only a safety net: were the call to wait for the server, the pause would lift itself after
+  // this and the call would then succeed, which fails the case instead of hanging it.
+  static constexpr auto kPause = 60s;
   RedisConnection connection{io.get_executor(), options_with_timeout(kTimeout)};
   SingleServerClient client{connection};
   RedisLock lock{client};
@@ -142,7 +145,6 @@ BOOST_FIXTURE_TEST_CASE(spec_C25_operation_past_timeout_is_timed_out_and_next_ca
         BOOST_REQUIRE(!during.has_value());
         BOOST_CHECK(during.error() == store_errc::timed_out);
         BOOST_CHECK(elapsed >= kTimeout);  // the deadline was not cut short
-        BOOST_CHECK(elapsed < kPause);     // ended by the deadline, not by the server waking
 
         co_await expect(l->try_acquire(random_id(), "owner-a", 30s), true, "acquire after unpause");
         BOOST_CHECK_EQUAL(conn->connect_count(), 2u);
