@@ -1,5 +1,7 @@
 idemgate_test(idempotency_key_test unit SOURCES unit/idempotency_key_test.cpp LIBS idemgate_core)
-idemgate_test(fingerprint_test unit SOURCES unit/fingerprint_test.cpp LIBS idemgate_core)
+# The fingerprint test reads requests through the session's body reader and the handler's
+# request_fingerprint (C27), so it links the gateway library.
+idemgate_test(fingerprint_test unit SOURCES unit/fingerprint_test.cpp LIBS idemgate_app)
 idemgate_test(idempotency_filter_test unit SOURCES unit/idempotency_filter_test.cpp LIBS idemgate_core)
 idemgate_test(memory_fakes_contract_test unit SOURCES unit/memory_fakes_contract_test.cpp LIBS idemgate_core)
 idemgate_test(primary_tracker_test unit SOURCES unit/primary_tracker_test.cpp LIBS idemgate_core)
