@@ -214,14 +214,10 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
   }
 
   const core::Sha256 scope = request_scope(*exchange.route, req);
-  const auto fp_headers = header_values(req, idem.fingerprint_headers);
   core::KeyedRequest keyed;
   keyed.id = core::record_id(scope, key.key);
   keyed.route = exchange.route->name;
-  keyed.fingerprint = core::compute_fingerprint(
-      req.method_string(), req.target(), fp_headers, req.body(),
-      idem.fingerprint_body == config::FingerprintBody::json ? core::BodyMode::json
-                                                             : core::BodyMode::bytes);
+  keyed.fingerprint = request_fingerprint(idem, req);
   std::string key_hash = core::to_hex(keyed.id);
 
   // C14: what the upstream sees of the key (the Idempotency-Key source only).
@@ -230,13 +226,8 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
     if (idem.upstream_key == config::UpstreamKey::strip) {
       req.erase(idem.key_source.header);
     } else if (idem.upstream_key == config::UpstreamKey::rewrite) {
-      core::Sha256Builder material;
-      material.field(core::to_hex(scope)).field(key.key);
-      const core::Sha256 digest = material.finish();
       req.set(idem.key_source.header,
-              core::hmac_sha256_hex(
-                  idem.upstream_key_secret,
-                  std::string_view(reinterpret_cast<const char*>(digest.data()), digest.size())));
+              core::upstream_key_rewrite(idem.upstream_key_secret, scope, key.key));
     }
   }
 

@@ -23,4 +23,14 @@ core::Sha256 request_scope(const config::Route& route, const boost::beast::http:
   return core::compute_scope(route.name, scope_headers);
 }
 
+core::Sha256 request_fingerprint(
+    const config::Idempotency& idem,
+    const boost::beast::http::request<boost::beast::http::string_body>& req) {
+  const auto headers = header_values(req, idem.fingerprint_headers);
+  return core::compute_fingerprint(req.method_string(), req.target(), headers, req.body(),
+                                   idem.fingerprint_body == config::FingerprintBody::json
+                                       ? core::BodyMode::json
+                                       : core::BodyMode::bytes);
+}
+
 }  // namespace idemgate

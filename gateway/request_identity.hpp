@@ -3,6 +3,8 @@
 // handler and the `idemgate keys` command so that both derive the same record id.
 
 #include <boost/beast/http/fields.hpp>
+#include <boost/beast/http/message.hpp>
+#include <boost/beast/http/string_body.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,5 +28,12 @@ std::vector<core::HeaderValues> header_values(const boost::beast::http::fields& 
 /// The key scope of a request on `route`: SHA-256 over the route name and the values of its
 /// `idempotency.key_scope.headers` in `fields` (SPEC §4, C20).
 core::Sha256 request_scope(const config::Route& route, const boost::beast::http::fields& fields);
+
+/// The fingerprint of `req` under `idem` (SPEC §4, C27, C35): its method and target as received,
+/// the values of `fingerprint.headers`, and its body as the session hands it over (after
+/// transfer decoding), hashed as `fingerprint_body` says.
+core::Sha256 request_fingerprint(
+    const config::Idempotency& idem,
+    const boost::beast::http::request<boost::beast::http::string_body>& req);
 
 }  // namespace idemgate

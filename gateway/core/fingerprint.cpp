@@ -146,6 +146,15 @@ Sha256 record_id(const Sha256& scope, std::string_view key) {
   return h.finish();
 }
 
+std::string upstream_key_rewrite(std::string_view secret, const Sha256& scope,
+                                 std::string_view key) {
+  Sha256Builder material;
+  material.field(to_hex(scope)).field(key);
+  const Sha256 digest = material.finish();
+  return hmac_sha256_hex(
+      secret, std::string_view(reinterpret_cast<const char*>(digest.data()), digest.size()));
+}
+
 std::optional<std::string> canonical_json(std::string_view body) {
   boost::json::basic_parser<CanonicalWriter> parser{boost::json::parse_options{}};
   boost::system::error_code ec;

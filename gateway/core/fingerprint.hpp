@@ -26,6 +26,12 @@ Sha256 compute_scope(std::string_view route_name, std::span<const HeaderValues> 
 /// built from this, never from raw client input (SPEC C23).
 Sha256 record_id(const Sha256& scope, std::string_view key);
 
+/// The key header value the upstream gets with `upstream_key: rewrite` (SPEC C14): lower-case
+/// hex of HMAC-SHA-256 under `secret` of the SHA-256 over the scope's lower-case hex and the key
+/// (each a length-framed field, as in Sha256Builder::field). Equal keys of two scopes differ.
+std::string upstream_key_rewrite(std::string_view secret, const Sha256& scope,
+                                 std::string_view key);
+
 /// How the body enters the fingerprint (`fingerprint_body`, SPEC C35).
 enum class BodyMode { bytes, json };
 

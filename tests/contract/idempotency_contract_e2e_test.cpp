@@ -73,8 +73,9 @@ BOOST_AUTO_TEST_CASE(spec_C14_rewrite_sends_a_scoped_hmac_and_strip_sends_no_key
   upstream.on("/rw", {{500, {{"Content-Type", "application/json"}}, R"({"error":"retry"})"},
                       UpstreamReply{}});
   TempDir secrets;
+  const std::string secret = "contract-suite-hmac-secret-0123456789abcdef";
   const std::string secret_file = (secrets.path() / "hmac.key").string();
-  std::ofstream(secret_file) << "contract-suite-hmac-secret-0123456789abcdef\n";
+  std::ofstream(secret_file) << secret << "\n";
 
   GatewayConfig config;
   config.upstreams = {{"up", {upstream.address()}}};
@@ -109,6 +110,11 @@ BOOST_AUTO_TEST_CASE(spec_C14_rewrite_sends_a_scoped_hmac_and_strip_sends_no_key
   }
   BOOST_TEST(seen[0] == seen[1], "the same scope and key gave two upstream keys");
   BOOST_TEST(seen[0] != seen[2], "two clients' equal keys collide at the upstream");
+  // The HMAC under the configured secret, without the file's final newline: a gateway that
+  // ignored or misread the secret would send other values.
+  BOOST_TEST(seen[0] ==
+             rewritten_key(secret, "rewrite", key, {{"Authorization", {"Bearer alice"}}}));
+  BOOST_TEST(seen[2] == rewritten_key(secret, "rewrite", key, {{"Authorization", {"Bearer bob"}}}));
 
   // Dedup itself still runs on the client's key.
   const HttpResponse replay = gateway.send(keyed_post("/rw", key, "{}", alice));

@@ -783,8 +783,10 @@ bool RedisClient::wait_for_marker(const std::string& key) {
   }
 }
 
-std::string record_id_hex(
-    const std::string& route, const std::string& key,
+namespace {
+
+core::Sha256 scope_of(
+    const std::string& route,
     const std::vector<std::pair<std::string, std::vector<std::string>>>& scope_values) {
   std::vector<core::HeaderValues> headers;
   for (const auto& [name, values] : scope_values) {
@@ -792,7 +794,21 @@ std::string record_id_hex(
     for (const auto& v : values) h.values.push_back(v);
     headers.push_back(std::move(h));
   }
-  return core::to_hex(core::record_id(core::compute_scope(route, headers), key));
+  return core::compute_scope(route, headers);
+}
+
+}  // namespace
+
+std::string record_id_hex(
+    const std::string& route, const std::string& key,
+    const std::vector<std::pair<std::string, std::vector<std::string>>>& scope_values) {
+  return core::to_hex(core::record_id(scope_of(route, scope_values), key));
+}
+
+std::string rewritten_key(
+    const std::string& secret, const std::string& route, const std::string& key,
+    const std::vector<std::pair<std::string, std::vector<std::string>>>& scope_values) {
+  return core::upstream_key_rewrite(secret, scope_of(route, scope_values), key);
 }
 
 std::string lock_key(const std::string& record_id_hex) {

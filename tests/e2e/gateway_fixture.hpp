@@ -395,6 +395,14 @@ std::string record_id_hex(
     const std::string& route, const std::string& key,
     const std::vector<std::pair<std::string, std::vector<std::string>>>& scope_values = {});
 
+/// The Idempotency-Key value the upstream receives with `upstream_key: rewrite` under `secret`
+/// (SPEC C14) for `key` on route `route` with key_scope values `scope_values` (as in
+/// record_id_hex). Computed by the gateway's own function, whose output
+/// tests/data/vectors/upstream_key_rewrite.json pins.
+std::string rewritten_key(
+    const std::string& secret, const std::string& route, const std::string& key,
+    const std::vector<std::pair<std::string, std::vector<std::string>>>& scope_values = {});
+
 /// The Redis key of the in-flight lock for a record id (SPEC C23).
 std::string lock_key(const std::string& record_id_hex);
 
