@@ -153,6 +153,12 @@ expect_line "unknown stage 'nonsense'"
 expect_no_line "^== deps"
 end_case
 
+begin_case "a job count that is not a positive number is an error"
+run IDEMGATE_TEST_JOBS=0
+expect_exit 2
+expect_line "IDEMGATE_TEST_JOBS must be a positive number"
+end_case
+
 begin_case "a healthy tree passes, with the table and the closing line"
 run
 expect_exit 0
