@@ -6,3 +6,4 @@ idemgate_test(fault_e2e_test fault
   LIBS idemgate_e2e_fixture idemgate_ops_support PkgConfig::HIREDIS PostgreSQL::PostgreSQL)
 # The test starts both binaries; build them with it.
 add_dependencies(fault_e2e_test idemgate payment-service)
+idemgate_starts_stores(fault_e2e_test)

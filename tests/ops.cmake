@@ -13,7 +13,7 @@ foreach(suite ops_e2e_test ops_tls_e2e_test ops_readiness_e2e_test)
   add_dependencies(${suite} idemgate)
 endforeach()
 # Stores of its own: the script starts them, so no shared variable is needed.
-set_tests_properties(ops_readiness_e2e_test PROPERTIES RUN_SERIAL TRUE)
+idemgate_starts_stores(ops_readiness_e2e_test)
 
 # The compose file parses (the docker-compose client validates offline; scripts/install-deps
 # installs it) and the gateway configuration it runs is valid.
@@ -54,5 +54,6 @@ add_test(NAME prometheus_alerts_e2e_test
                  --log_level=test_suite --report_level=short)
 # Stores of its own: the test starts them, so no shared variable is needed.
 set_tests_properties(prometheus_alerts_e2e_test PROPERTIES
-  LABELS ops TIMEOUT 900 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE
+  LABELS ops TIMEOUT 900 SKIP_RETURN_CODE 77
   ENVIRONMENT "IDEMGATE_BINARY_DIR=${PROJECT_BINARY_DIR};IDEMGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+idemgate_starts_stores(prometheus_alerts_e2e_test)

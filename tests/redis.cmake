@@ -5,3 +5,7 @@ idemgate_test(redis_connection_redis_test redis
 idemgate_test(redis_lock_redis_test redis
   SOURCES storage/redis_lock_redis_test.cpp
   LIBS idemgate_redis)
+# Its C25 cases pause every client's writes (CLIENT PAUSE WRITE) and kill every client's
+# connection (CLIENT KILL TYPE normal) of the shared Redis, and one case flushes its script cache:
+# no other test may use that Redis meanwhile.
+idemgate_disturbs_shared_stores(redis_lock_redis_test)

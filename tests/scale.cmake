@@ -1,5 +1,6 @@
 # Tests against real store topologies started by the test itself (a Redis Cluster, Sentinel, ACL):
-# loopback only, each suite well under a minute.
+# loopback only, each suite well under a minute. Each one starts store processes of its own
+# (idemgate_starts_stores at the end: one such suite at a time).
 add_library(idemgate_test_redis_cluster STATIC scale/redis_cluster.cpp)
 target_link_libraries(idemgate_test_redis_cluster PUBLIC idemgate_test_support idemgate_redis)
 
@@ -26,20 +27,16 @@ add_dependencies(redis_cluster_scale_e2e_test idemgate payment-service)
 idemgate_test(redis_sentinel_scale_e2e_test scale
   SOURCES scale/redis_sentinel_scale_e2e_test.cpp scale/redis_sentinel.cpp fault/local_stores.cpp
   LIBS idemgate_e2e_fixture idemgate_ops_support idemgate_redis PkgConfig::HIREDIS)
-# The test starts both binaries; build them with it. The failovers and the private stores must
-# not share the machine's two cores with other store suites.
+# The test starts both binaries; build them with it.
 add_dependencies(redis_sentinel_scale_e2e_test idemgate payment-service)
-set_tests_properties(redis_sentinel_scale_e2e_test PROPERTIES RUN_SERIAL TRUE)
 
 # Three gateways behind a real HAProxy (`mode tcp`, health check on /readyz, SPEC C45) on a
 # private Postgres and Redis (scripts/local-stores): the storm, a drain and a SIGKILL under load.
 idemgate_test(haproxy_scale_e2e_test scale
   SOURCES scale/haproxy_scale_e2e_test.cpp scale/haproxy.cpp fault/local_stores.cpp
   LIBS idemgate_e2e_fixture idemgate_ops_support)
-# The test starts both binaries; build them with it. Three gateways, the balancer and the private
-# stores must not share the machine's two cores with other store suites.
+# The test starts both binaries; build them with it.
 add_dependencies(haproxy_scale_e2e_test idemgate payment-service)
-set_tests_properties(haproxy_scale_e2e_test PROPERTIES RUN_SERIAL TRUE)
 
 # idempotency_record hash-partitioned by id (`idemgate migrate --partitions N`): the RecordStore
 # contract suite on a converted table, the cleaner per partition, the migration's own cases and
@@ -56,10 +53,8 @@ add_dependencies(pg_partitions_scale_e2e_test idemgate payment-service)
 idemgate_test(pg_failover_scale_e2e_test scale
   SOURCES scale/pg_failover_scale_e2e_test.cpp scale/pg_standby.cpp fault/local_stores.cpp
   LIBS idemgate_e2e_fixture idemgate_ops_support PostgreSQL::PostgreSQL)
-# The test starts both binaries; build them with it. Like the sentinel suite, the failovers
-# and the private stores must not share the machine's two cores with other store suites.
+# The test starts both binaries; build them with it.
 add_dependencies(pg_failover_scale_e2e_test idemgate payment-service)
-set_tests_properties(pg_failover_scale_e2e_test PROPERTIES RUN_SERIAL TRUE)
 
 # Connection poolers (SPEC C44): the gateway and payment service with storage.postgres behind a
 # PgBouncer in transaction pooling mode that this binary starts, stops and starts again, in
@@ -70,7 +65,9 @@ target_link_libraries(idemgate_test_pgbouncer
 idemgate_test(pgbouncer_scale_e2e_test scale
   SOURCES scale/pgbouncer_scale_e2e_test.cpp fault/local_stores.cpp
   LIBS idemgate_test_pgbouncer idemgate_ops_support idemgate_pg)
-# The test starts both binaries; build them with it. Its storms and restarts must not share
-# the machine's two cores with other store suites.
+# The test starts both binaries; build them with it.
 add_dependencies(pgbouncer_scale_e2e_test idemgate payment-service)
-set_tests_properties(pgbouncer_scale_e2e_test PROPERTIES RUN_SERIAL TRUE)
+
+idemgate_starts_stores(redis_cluster_scale_test redis_auth_scale_e2e_test
+  redis_cluster_scale_e2e_test redis_sentinel_scale_e2e_test haproxy_scale_e2e_test
+  pg_partitions_scale_e2e_test pg_failover_scale_e2e_test pgbouncer_scale_e2e_test)
