@@ -136,7 +136,13 @@ Haproxy::Haproxy(std::vector<BalancedServer> servers, Options options)
   const auto deadline = Clock::now() + e2e::kEventDeadline;
   for (;;) {
     bool all = true;
-    const auto rows = stats();
+    // The frontend can accept before the stats socket is bound: until it is, ask again.
+    std::map<std::string, ServerStat> rows;
+    try {
+      rows = stats();
+    } catch (const std::runtime_error&) {
+      all = false;
+    }
     for (const auto& s : servers_) {
       const auto it = rows.find(s.name);
       all =
