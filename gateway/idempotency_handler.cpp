@@ -21,26 +21,6 @@ namespace bhttp = boost::beast::http;
 
 namespace {
 
-core::KeyParse read_key(const config::KeySource& source, const http::Request& req) {
-  switch (source.kind) {
-    case config::KeySource::Kind::header: {
-      const auto values = field_values(req, source.header);
-      return core::parse_key_field(source.header, values);
-    }
-    case config::KeySource::Kind::headers: {
-      std::vector<core::KeyParse> parts;
-      for (const auto& name : source.headers) {
-        const auto values = field_values(req, name);
-        parts.push_back(core::parse_key_field(name, values));
-      }
-      return core::join_key_parts(source.headers, parts);
-    }
-    case config::KeySource::Kind::json_pointer:
-      return core::parse_json_pointer_key(req.body(), source.json_pointer);
-  }
-  return core::KeyParse::absent();
-}
-
 bool method_listed(const std::vector<std::string>& methods, std::string_view method) {
   return std::any_of(methods.begin(), methods.end(),
                      [&](const std::string& m) { return beast::iequals(m, method); });
@@ -154,16 +134,9 @@ bool IdempotencyHandler::holds(const config::Route& route,
     return false;
   }
   if (idem.mode == config::IdempotencyMode::required) return true;
-  switch (idem.key_source.kind) {
-    case config::KeySource::Kind::header:
-      return header.count(idem.key_source.header) > 0;
-    case config::KeySource::Kind::headers:
-      return std::any_of(idem.key_source.headers.begin(), idem.key_source.headers.end(),
-                         [&](const std::string& name) { return header.count(name) > 0; });
-    case config::KeySource::Kind::json_pointer:
-      return true;
-  }
-  return true;
+  if (idem.key.kind == core::KeySpec::Kind::json_pointer) return true;
+  return std::any_of(idem.key.fields.begin(), idem.key.fields.end(),
+                     [&](const std::string& name) { return header.count(name) > 0; });
 }
 
 void IdempotencyHandler::strip_owned_fields(bhttp::response_header<>& header) const {
@@ -185,7 +158,7 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
     co_return co_await pass_through(std::move(exchange), "passthrough");  // C11, C12
   }
 
-  const core::KeyParse key = read_key(idem.key_source, req);
+  const core::KeyParse key = request_key(idem, req.base(), req.body());
   if (key.status == core::KeyParse::Status::invalid) {
     co_return http::HandlerResult{
         problem(http::Problem::invalid_key, key.detail), "invalid_key", {}, {}};
@@ -195,18 +168,23 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
       co_return co_await pass_through(std::move(exchange), "passthrough");  // C11
     }
     std::string detail;
-    switch (idem.key_source.kind) {
-      case config::KeySource::Kind::header:
-        detail = "this route requires an " + idem.key_source.header +
-                 " header: send a unique value (e.g. a UUID) per operation and repeat it on "
-                 "retries of that operation";
+    switch (idem.key.kind) {
+      case core::KeySpec::Kind::header:
+        detail = "this route requires an " + idem.key.fields.front() + " header";
+        for (std::size_t i = 1; i < idem.key.fields.size(); ++i) {
+          detail += (i == 1 ? " (or " : ", or ") + idem.key.fields[i];
+        }
+        if (idem.key.fields.size() > 1) detail += ")";
+        detail +=
+            ": send a unique value (e.g. a UUID) per operation and repeat it on retries of that "
+            "operation";
         break;
-      case config::KeySource::Kind::headers:
+      case core::KeySpec::Kind::headers:
         detail = "this route requires the key headers";
-        for (const auto& h : idem.key_source.headers) detail += " " + h;
+        for (const auto& h : idem.key.fields) detail += " " + h;
         break;
-      case config::KeySource::Kind::json_pointer:
-        detail = "this route requires a JSON body with a key at " + idem.key_source.json_pointer;
+      case core::KeySpec::Kind::json_pointer:
+        detail = "this route requires a JSON body with a key at " + idem.key.json_pointer;
         break;
     }
     co_return http::HandlerResult{
@@ -224,19 +202,24 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
                                                              : core::BodyMode::bytes);
   std::string key_hash = core::to_hex(keyed.id);
 
-  // C14: what the upstream sees of the key (the Idempotency-Key source only).
-  if (idem.key_source.kind == config::KeySource::Kind::header &&
-      beast::iequals(idem.key_source.header, "Idempotency-Key")) {
-    if (idem.upstream_key == config::UpstreamKey::strip) {
-      req.erase(idem.key_source.header);
-    } else if (idem.upstream_key == config::UpstreamKey::rewrite) {
+  // C14: what the upstream sees of the key (the key_headers fields, C37, C55).
+  if (idem.upstream_key_applies && idem.upstream_key != config::UpstreamKey::passthrough) {
+    std::string rewritten;
+    if (idem.upstream_key == config::UpstreamKey::rewrite) {
       core::Sha256Builder material;
       material.field(core::to_hex(scope)).field(key.key);
       const core::Sha256 digest = material.finish();
-      req.set(idem.key_source.header,
-              core::hmac_sha256_hex(
-                  idem.upstream_key_secret,
-                  std::string_view(reinterpret_cast<const char*>(digest.data()), digest.size())));
+      rewritten = core::hmac_sha256_hex(
+          idem.upstream_key_secret,
+          std::string_view(reinterpret_cast<const char*>(digest.data()), digest.size()));
+    }
+    for (const auto& name : idem.key_headers) {
+      if (req.count(name) == 0) continue;
+      if (rewritten.empty()) {
+        req.erase(name);
+      } else {
+        req.set(name, rewritten);
+      }
     }
   }
 

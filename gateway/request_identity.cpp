@@ -23,4 +23,10 @@ core::Sha256 request_scope(const config::Route& route, const boost::beast::http:
   return core::compute_scope(route.name, scope_headers);
 }
 
+core::KeyParse request_key(const config::Idempotency& idempotency,
+                           const boost::beast::http::fields& fields, std::string_view body) {
+  return core::read_key(
+      idempotency.key, [&](std::string_view name) { return field_values(fields, name); }, body);
+}
+
 }  // namespace idemgate

@@ -10,6 +10,7 @@
 #include "gateway/config/config.hpp"
 #include "gateway/core/fingerprint.hpp"
 #include "gateway/core/hash.hpp"
+#include "gateway/core/idempotency_key.hpp"
 
 namespace idemgate {
 
@@ -26,5 +27,11 @@ std::vector<core::HeaderValues> header_values(const boost::beast::http::fields& 
 /// The key scope of a request on `route`: SHA-256 over the route name and the values of its
 /// `idempotency.key_scope.headers` in `fields` (SPEC §4, C20).
 core::Sha256 request_scope(const config::Route& route, const boost::beast::http::fields& fields);
+
+/// The request's idempotency key on a route with these settings (SPEC C13, C37, C55, C56):
+/// core::read_key over `idempotency.key` with `fields` and `body`. The one reader of keys that
+/// the handler, `idemgate keys` and the fuzz targets share.
+core::KeyParse request_key(const config::Idempotency& idempotency,
+                           const boost::beast::http::fields& fields, std::string_view body);
 
 }  // namespace idemgate

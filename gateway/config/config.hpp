@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gateway/core/idempotency_key.hpp"
 #include "gateway/core/status_set.hpp"
 
 namespace idemgate::config {
@@ -140,6 +141,15 @@ struct Idempotency {
   std::string upstream_key_secret_file;
   std::string upstream_key_secret;  ///< file contents, read by the loader (rewrite only)
   KeySource key_source;
+  /// C55: the fields that may carry the key, in order (`key_headers`); with `key_source` set,
+  /// its `header` alone, or empty for the other kinds.
+  std::vector<std::string> key_headers = {"Idempotency-Key"};
+  /// Where the key comes from and its format (C13, C37, C55, C56), as the core reads it; built
+  /// by the loader from `key_headers`, `key_source` and `key_format`.
+  core::KeySpec key;
+  /// C14: whether `upstream_key` acts on the request (the key comes from `key_headers`, or from
+  /// `key_source: { header: Idempotency-Key }`); it then acts on every field of `key_headers`.
+  bool upstream_key_applies = true;
   int on_mismatch = 422;  ///< 422 | 409 | 400
   Concurrency concurrency = Concurrency::reject;
   Duration wait_timeout = std::chrono::seconds(10);

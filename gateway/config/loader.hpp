@@ -300,5 +300,8 @@ void read_routes(Loader& loader, const Field& f);
 /// section_idempotency.cpp: `routes[].idempotency`.
 const KeyTable<Idempotency>& idempotency_keys();
 void read_idempotency(Loader& loader, const Field& f, Route& route);
+/// section_key.cpp: `key_headers`, `key_source`, `key_format` of the idempotency mapping `m`
+/// fills `key_headers`, `key_source`, `key` and `upstream_key_applies`.
+void read_key_settings(Loader& loader, const Map& m, Idempotency& idem);
 
 }  // namespace idemgate::config::detail

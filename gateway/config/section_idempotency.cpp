@@ -40,8 +40,15 @@ const KeyTable<Idempotency>& idempotency_keys() {
                               "read at load time; must not be empty once trailing CR/LF are "
                               "removed; fewer than 32 bytes warns; ignored for other values"),
       custom_key<Idempotency>("key_source", "mapping with exactly one key",
-                              "`{ header: Idempotency-Key }`", "see below", "C37",
-                              "where the key comes from"),
+                              "`{ header: Idempotency-Key }`", "see below; not with `key_headers`",
+                              "C37", "where the key comes from, when not from `key_headers`"),
+      custom_key<Idempotency>("key_headers", "list of header names", "`[Idempotency-Key]`",
+                              "non-empty, no duplicates; not with `key_source`", "C55",
+                              "fields that may carry the key; the first present names it, two "
+                              "present with different values → 400"),
+      custom_key<Idempotency>("key_format", "`any` \\| `uuid` \\| `{ pattern: REGEX }`", "`any`",
+                              "REGEX: Perl syntax, matched against the whole key", "C56",
+                              "checked after C13's decoding; a key that fails → 400 `invalid-key`"),
       enum_key<Idempotency, int>("on_mismatch", &Idempotency::on_mismatch, d,
                                  {{"422", 422}, {"409", 409}, {"400", 400}}, "C17",
                                  "status of the mismatch answer"),
@@ -96,45 +103,6 @@ const KeyTable<Idempotency>& idempotency_keys() {
 }
 
 namespace {
-
-// RFC 6901: "" or a sequence of "/" reference-token, where "~" is only followed by 0 or 1.
-std::optional<std::string> json_pointer_problem(std::string_view p) {
-  if (p.empty()) return "must not be empty: the whole body cannot be the key";
-  if (p.front() != '/') return "must start with \"/\" (RFC 6901), e.g. \"/event_id\"";
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    if (p[i] == '~' && (i + 1 == p.size() || (p[i + 1] != '0' && p[i + 1] != '1'))) {
-      return "\"~\" must be followed by 0 or 1 (RFC 6901 escapes ~0 and ~1)";
-    }
-  }
-  return std::nullopt;
-}
-
-void read_key_source(Loader& loader, const Field& f, KeySource& out) {
-  const Map m(loader, f, {"header", "json_pointer", "headers"});
-  if (m.entries().empty()) loader.fail(f, "needs one of header, json_pointer, headers");
-  if (m.entries().size() > 1) {
-    loader.fail(m.entries()[1].second, "only one of header, json_pointer, headers may be set");
-  }
-  const auto& [kind, v] = m.entries().front();
-  if (kind == "header") {
-    out.kind = KeySource::Kind::header;
-    out.header = loader.non_empty(v);
-    if (!is_token(out.header))
-      loader.fail(v, in_quotes(out.header) + " is not a valid header name");
-  } else if (kind == "json_pointer") {
-    out.kind = KeySource::Kind::json_pointer;
-    out.header.clear();
-    out.json_pointer = loader.scalar(v);
-    if (auto problem = json_pointer_problem(out.json_pointer)) loader.fail(v, *problem);
-  } else {
-    out.kind = KeySource::Kind::headers;
-    out.header.clear();
-    out.headers = loader.tokens(v, "header name", false);
-    if (out.headers.size() < 2) {
-      loader.fail(v, "needs at least two header names (one header: use key_source.header)");
-    }
-  }
-}
 
 void read_secret(Loader& loader, const Field& f, Idempotency& out) {
   out.upstream_key_secret_file = loader.readable_file(f);
@@ -201,22 +169,7 @@ void read_idempotency(Loader& loader, const Field& f, Route& route) {
     if (auto h = fp.get("headers"))
       idem.fingerprint_headers = loader.tokens(*h, "header name", true);
   }
-  if (auto v = m.get("key_source")) {
-    read_key_source(loader, *v, idem.key_source);
-    // A generated id is new on every request: as a key it would make each retry a new
-    // operation, and a required key would never be missing.
-    const RequestId& rid = loader.config().request_id;
-    const auto& ks = idem.key_source;
-    if (rid.generate &&
-        (iequals(ks.header, rid.header) ||
-         std::any_of(ks.headers.begin(), ks.headers.end(),
-                     [&](const std::string& h) { return iequals(h, rid.header); }))) {
-      loader.fail(*v,
-                  "the key cannot come from " + rid.header +
-                      ", where the gateway generates request ids; set request_id.generate: false "
-                      "or take the key from another field");
-    }
-  }
+  read_key_settings(loader, m, idem);
   for (const auto* list : {&idem.key_scope_headers, &idem.fingerprint_headers}) {
     if (!loader.config().request_id.generate) break;
     for (const auto& h : *list) {
@@ -245,9 +198,7 @@ void read_idempotency(Loader& loader, const Field& f, Route& route) {
   } else if (secret_file) {
     idem.upstream_key_secret_file = loader.non_empty(*secret_file);
   }
-  const bool key_is_idempotency_key = idem.key_source.kind == KeySource::Kind::header &&
-                                      iequals(idem.key_source.header, "Idempotency-Key");
-  if (upstream_key && idem.upstream_key != UpstreamKey::passthrough && !key_is_idempotency_key) {
+  if (upstream_key && idem.upstream_key != UpstreamKey::passthrough && !idem.upstream_key_applies) {
     loader.warn(*upstream_key,
                 "has no effect: upstream_key applies to the Idempotency-Key source only "
                 "(SPEC C37)");
