@@ -98,6 +98,10 @@ class ThreadHandler final : public http::RequestHandler {
   void strip_owned_fields(boost::beast::http::response_header<>& header) const override {
     handler_.strip_owned_fields(header);
   }
+  void add_route_fields(const config::Route& route, std::string_view origin,
+                        boost::beast::http::response_header<>& header) const override {
+    handler_.add_route_fields(route, origin, header);
+  }
   void when_background_done(std::function<void()> done) override {
     handler_.when_background_done(std::move(done));
   }

@@ -10,6 +10,7 @@
 
 #include "gateway/core/fingerprint.hpp"
 #include "gateway/core/idempotency_key.hpp"
+#include "gateway/cors.hpp"
 #include "gateway/http/problem.hpp"
 #include "gateway/http/upstream_pool.hpp"
 #include "gateway/request_identity.hpp"
@@ -128,6 +129,7 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::pass_through(http::Exch
 
 bool IdempotencyHandler::holds(const config::Route& route,
                                const bhttp::request_header<>& header) const {
+  if (route.cors && is_preflight(header)) return true;  // answered by handle() (C57)
   const config::Idempotency& idem = route.idempotency;
   if (idem.mode == config::IdempotencyMode::off ||
       !method_listed(idem.methods, header.method_string())) {
@@ -137,6 +139,11 @@ bool IdempotencyHandler::holds(const config::Route& route,
   if (idem.key.kind == core::KeySpec::Kind::json_pointer) return true;
   return std::any_of(idem.key.fields.begin(), idem.key.fields.end(),
                      [&](const std::string& name) { return header.count(name) > 0; });
+}
+
+void IdempotencyHandler::add_route_fields(const config::Route& route, std::string_view origin,
+                                          bhttp::response_header<>& header) const {
+  add_cors_fields(route, origin, header);
 }
 
 void IdempotencyHandler::strip_owned_fields(bhttp::response_header<>& header) const {
@@ -152,6 +159,14 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
   req.erase(kBodyOmittedField);
   req.erase(kStatusField);
 
+  // C57: the gateway answers for a route with cors; the upstream never sees the preflight.
+  if (exchange.route->cors && is_preflight(req)) {
+    http::HandlerResult preflight;
+    preflight.response = preflight_response(*exchange.route, req);
+    preflight.outcome = "preflight";
+    preflight.route_fields_set = true;
+    co_return preflight;
+  }
   const config::Idempotency& idem = exchange.route->idempotency;
   if (idem.mode == config::IdempotencyMode::off ||
       !method_listed(idem.methods, req.method_string())) {

@@ -189,6 +189,25 @@ struct Match {
   std::vector<std::string> methods;  ///< empty: any
 };
 
+/// `routes[].cors` (SPEC C57): the gateway answers CORS preflights for the route and adds the
+/// Access-Control-* fields to its responses (Fetch standard, "CORS protocol").
+struct Cors {
+  /// Serialized origins (`https://app.example.com`, lower-case, no path), or {"*"} (any origin,
+  /// never with credentials).
+  std::vector<std::string> allow_origins;
+  /// Methods a preflight may ask for, besides the route's idempotency methods; "*" allowed
+  /// without credentials.
+  std::vector<std::string> allow_methods = {"GET", "HEAD", "POST"};
+  /// Request fields a preflight may ask for, besides the key fields; "*" allowed without
+  /// credentials.
+  std::vector<std::string> allow_headers;
+  /// Response fields a page may read, besides the contract's own (Idempotent-Replayed, …).
+  std::vector<std::string> expose_headers;
+  /// `Access-Control-Max-Age` in whole seconds; nullopt: not sent (the browser's default).
+  std::optional<Duration> max_age;
+  bool allow_credentials = false;
+};
+
 struct Route {
   std::string name;
   Match match;
@@ -196,6 +215,9 @@ struct Route {
   Idempotency idempotency;
   /// Protocols a client may upgrade to on this route (SPEC C40): only "websocket" exists.
   std::vector<std::string> upgrade;
+  /// Set when the route has a `cors` mapping (SPEC C57); without it the gateway passes
+  /// preflights and Access-Control-* fields through untouched.
+  std::optional<Cors> cors;
 };
 
 struct Config {

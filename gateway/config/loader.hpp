@@ -295,6 +295,10 @@ void read_upstreams(Loader& loader, const Field& f);
 
 /// section_routes.cpp: `routes[]` and their `match`.
 const KeyTable<Route>& route_keys();
+
+/// section_cors.cpp: `routes[].cors`.
+const KeyTable<Cors>& cors_keys();
+void read_cors(Loader& loader, const Field& f, Route& route);
 void read_routes(Loader& loader, const Field& f);
 
 /// section_idempotency.cpp: `routes[].idempotency`.

@@ -41,6 +41,7 @@ std::vector<ReferenceTable> reference_tables() {
       {"upstream", render(docs_of(upstream_keys()))},
       {"route", render(docs_of(route_keys()))},
       {"idempotency", render(docs_of(idempotency_keys()))},
+      {"cors", render(docs_of(cors_keys()))},
   };
 }
 

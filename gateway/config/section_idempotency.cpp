@@ -131,7 +131,15 @@ void read_idempotency(Loader& loader, const Field& f, Route& route) {
                                                     {"required", IdempotencyMode::required}});
   }
   const auto methods = m.get("methods");
-  if (methods) idem.methods = loader.tokens(*methods, "method", false);
+  if (methods) {
+    idem.methods = loader.tokens(*methods, "method", false);
+    // C57: a CORS preflight carries no key and must reach whoever answers it.
+    if (std::find(idem.methods.begin(), idem.methods.end(), "OPTIONS") != idem.methods.end()) {
+      loader.fail(*methods,
+                  "OPTIONS is never keyed (SPEC C57): browsers send preflights "
+                  "without a key");
+    }
+  }
   if (!route.match.methods.empty() && idem.mode != IdempotencyMode::off &&
       std::none_of(idem.methods.begin(), idem.methods.end(), [&](const std::string& x) {
         return std::find(route.match.methods.begin(), route.match.methods.end(), x) !=

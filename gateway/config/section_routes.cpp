@@ -27,6 +27,9 @@ const KeyTable<Route>& route_keys() {
                         "see `routes[].idempotency`"),
       custom_key<Route>("upgrade", "list of protocols", "`[]`", "only `websocket`", "C40",
                         "WebSocket upgrades are tunnelled on this route"),
+      custom_key<Route>("cors", "mapping", "none: preflights and `Access-Control-*` pass through",
+                        "see `routes[].cors`", "C57",
+                        "the gateway answers preflights and sets the CORS fields"),
   };
   return table;
 }
@@ -109,6 +112,7 @@ void read_routes(Loader& loader, const Field& f) {
         }
       }
     }
+    if (auto v = m.get("cors")) read_cors(loader, *v, route);
     loader.config().routes.push_back(std::move(route));
   }
 }

@@ -2,6 +2,7 @@
 // header aliases (C55), key formats (C56) and browsers (C57).
 #define BOOST_TEST_MODULE api_clients_contract_e2e
 #include <boost/test/unit_test.hpp>
+#include <future>
 
 #include "tests/contract/contract_support.hpp"
 
@@ -135,4 +136,175 @@ BOOST_AUTO_TEST_CASE(spec_C56_pattern_format_states_the_rule_and_stores_nothing)
   const HttpResponse ok = gateway.send(keyed_post("/p", "\"" + good + "\"", "{}"));
   BOOST_TEST(ok.status == 201u, gateway.explain(ok));
   BOOST_TEST(upstream.count("/p") == 1u);
+}
+
+// -------------------------------------------------------------------------------------------
+// C57 Browsers (CORS)
+
+namespace {
+
+const std::string kAppOrigin = "http://app.test:8000";
+
+/// Routes for the CORS cases: `/p/` keyed with `cors`, `/plain` keyed without.
+GatewayConfig cors_gateway(const TestUpstream& upstream, const std::string& cors_route,
+                           const std::string& plain_route) {
+  GatewayConfig config;
+  config.upstreams = {{"up", {upstream.address()}}};
+  config.routes_yaml = "  - name: " + cors_route +
+                       "\n"
+                       "    match: { path_prefix: /p/ }\n"
+                       "    upstream: up\n"
+                       "    idempotency: { mode: required, key_headers: [Idempotency-Key, "
+                       "X-Idempotency-Key] }\n"
+                       "    cors: { allow_origins: [\"" +
+                       kAppOrigin +
+                       "\"], allow_headers: [Content-Type], "
+                       "expose_headers: [Location], max_age: 600s }\n"
+                       "  - name: " +
+                       plain_route +
+                       "\n"
+                       "    match: { path_prefix: /plain }\n"
+                       "    upstream: up\n"
+                       "    idempotency: { mode: required }\n";
+  return config;
+}
+
+HttpRequest preflight(const std::string& target, const std::string& origin) {
+  HttpRequest req;
+  req.method = "OPTIONS";
+  req.target = target;
+  req.headers = {{"Origin", origin},
+                 {"Access-Control-Request-Method", "POST"},
+                 {"Access-Control-Request-Headers", "content-type,idempotency-key"}};
+  return req;
+}
+
+bool lists(const HttpResponse& res, const std::string& field, const std::string& token) {
+  const std::string value = res.header(field).value_or("");
+  std::string lower_value = value;
+  std::string lower_token = token;
+  for (auto* s : {&lower_value, &lower_token}) {
+    std::transform(s->begin(), s->end(), s->begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  }
+  std::size_t start = 0;
+  while (start <= lower_value.size()) {
+    auto end = lower_value.find(',', start);
+    if (end == std::string::npos) end = lower_value.size();
+    std::string item = lower_value.substr(start, end - start);
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    if (item == lower_token) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+/// The fields a browser needs to read a response of the CORS route from kAppOrigin.
+void check_cors_fields(const HttpResponse& res) {
+  BOOST_TEST(res.header("Access-Control-Allow-Origin").value_or("") == kAppOrigin, describe(res));
+  BOOST_TEST(res.header_values("Access-Control-Allow-Origin").size() == 1u, describe(res));
+  BOOST_TEST(lists(res, "Access-Control-Expose-Headers", "Idempotent-Replayed"), describe(res));
+  BOOST_TEST(lists(res, "Access-Control-Expose-Headers", "Location"), describe(res));
+  BOOST_TEST(lists(res, "Vary", "Origin"), describe(res));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C57_a_preflight_is_answered_by_the_gateway_and_never_forwarded) {
+  TestUpstream upstream;
+  Gateway gateway(cors_gateway(upstream, unique_route("c57_pf"), unique_route("c57_plain")));
+
+  const HttpResponse allowed = gateway.send(preflight("/p/orders", kAppOrigin));
+  BOOST_TEST(allowed.status == 204u, gateway.explain(allowed));
+  BOOST_TEST(allowed.header("Access-Control-Allow-Origin").value_or("") == kAppOrigin,
+             describe(allowed));
+  BOOST_TEST(lists(allowed, "Access-Control-Allow-Methods", "POST"), describe(allowed));
+  // The key fields are always allowed request headers, every alias included.
+  BOOST_TEST(lists(allowed, "Access-Control-Allow-Headers", "Idempotency-Key"), describe(allowed));
+  BOOST_TEST(lists(allowed, "Access-Control-Allow-Headers", "X-Idempotency-Key"),
+             describe(allowed));
+  BOOST_TEST(lists(allowed, "Access-Control-Allow-Headers", "Content-Type"), describe(allowed));
+  BOOST_TEST(allowed.header("Access-Control-Max-Age").value_or("") == "600", describe(allowed));
+  BOOST_TEST(lists(allowed, "Vary", "Origin"), describe(allowed));
+  BOOST_TEST(!allowed.header("Access-Control-Allow-Credentials").has_value());
+
+  const HttpResponse other = gateway.send(preflight("/p/orders", "http://evil.test"));
+  BOOST_TEST(other.status == 204u, describe(other));
+  BOOST_TEST(!other.header("Access-Control-Allow-Origin").has_value(), describe(other));
+  BOOST_TEST(!other.header("Access-Control-Allow-Headers").has_value(), describe(other));
+  BOOST_TEST(upstream.total() == 0u, "a preflight reached the upstream");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C57_every_answer_of_the_route_carries_the_cors_fields) {
+  TestUpstream upstream;
+  // An upstream that says something of its own about CORS is overruled on a cors route.
+  UpstreamReply own;
+  own.headers = {{"Content-Type", "application/json"},
+                 {"Location", "/p/orders/1"},
+                 {"Access-Control-Allow-Origin", "*"}};
+  UpstreamReply held = own;
+  held.hold = true;
+  upstream.on("/p/orders", {own});
+  upstream.on("/p/slow", {held});
+  const std::string name = unique_route("c57_fields");
+  Gateway gateway(cors_gateway(upstream, name, unique_route("c57_plain")));
+  const HeaderList from_app = {{"Origin", kAppOrigin}};
+  const std::string key = unique_name("c57");
+
+  const HttpResponse first = gateway.send(keyed_post("/p/orders", key, "{}", from_app));
+  BOOST_TEST_REQUIRE(first.status == 201u, gateway.explain(first));
+  check_cors_fields(first);
+  const HttpResponse replay = gateway.send(keyed_post("/p/orders", key, "{}", from_app));
+  BOOST_TEST(replayed(replay), describe(replay));
+  check_cors_fields(replay);
+  // The gateway's own answers: missing key (400), mismatch (422), in flight (409).
+  const HttpResponse missing = gateway.send(keyed_post("/p/orders", std::nullopt, "{}", from_app));
+  BOOST_TEST(is_problem(missing, 400));
+  check_cors_fields(missing);
+  const HttpResponse mismatch =
+      gateway.send(keyed_post("/p/orders", key, R"({"other":1})", from_app));
+  BOOST_TEST(is_problem(mismatch, 422));
+  check_cors_fields(mismatch);
+
+  const std::string slow_key = unique_name("c57-slow");
+  auto in_flight = std::async(std::launch::async, [&] {
+    return gateway.send(keyed_post("/p/slow", slow_key, "{}", from_app));
+  });
+  BOOST_TEST_REQUIRE(upstream.wait_for("/p/slow", 1));
+  const HttpResponse duplicate = gateway.send(keyed_post("/p/slow", slow_key, "{}", from_app));
+  upstream.release();
+  BOOST_TEST(is_problem(duplicate, 409));
+  check_cors_fields(duplicate);
+  BOOST_TEST(in_flight.get().status == 201u);
+
+  // A page of another origin is answered, without anything that lets a browser read it.
+  const HttpResponse other =
+      gateway.send(keyed_post("/p/orders", key, "{}", {{"Origin", "http://evil.test"}}));
+  BOOST_TEST(replayed(other), describe(other));
+  BOOST_TEST(!other.header("Access-Control-Allow-Origin").has_value(), describe(other));
+  BOOST_TEST(!other.header("Access-Control-Expose-Headers").has_value(), describe(other));
+  BOOST_TEST(upstream.count("/p/orders") == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C57_without_cors_preflights_and_cors_fields_pass_through) {
+  TestUpstream upstream;
+  UpstreamReply answer;
+  answer.status = 204;
+  answer.headers = {{"Access-Control-Allow-Origin", "https://upstream.test"},
+                    {"Access-Control-Allow-Methods", "PUT"}};
+  upstream.on("/plain/x", {answer});
+  Gateway gateway(cors_gateway(upstream, unique_route("c57_pf"), unique_route("c57_plain")));
+
+  // OPTIONS is never keyed: the required route forwards it without a key.
+  const HttpResponse res = gateway.send(preflight("/plain/x", kAppOrigin));
+  BOOST_TEST(res.status == 204u, gateway.explain(res));
+  BOOST_TEST_REQUIRE(upstream.count("/plain/x") == 1u);
+  const ReceivedRequest got = upstream.received("/plain/x").front();
+  BOOST_TEST(got.value("Origin").value_or("") == kAppOrigin);
+  BOOST_TEST(got.value("Access-Control-Request-Method").value_or("") == "POST");
+  BOOST_TEST(res.header("Access-Control-Allow-Origin").value_or("") == "https://upstream.test",
+             describe(res));
+  BOOST_TEST(res.header("Access-Control-Allow-Methods").value_or("") == "PUT", describe(res));
+  BOOST_TEST(!lists(res, "Vary", "Origin"), describe(res));
 }
