@@ -56,3 +56,10 @@ add_test(NAME prometheus_alerts_e2e_test
 set_tests_properties(prometheus_alerts_e2e_test PROPERTIES
   LABELS ops TIMEOUT 900 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE
   ENVIRONMENT "IDEMGATE_BINARY_DIR=${PROJECT_BINARY_DIR};IDEMGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+
+# SPEC C58: store checks at start, on SIGHUP, in check-config --stores and /readyz, on stores of
+# its own whose settings it changes.
+idemgate_test(store_checks_e2e_test ops SOURCES ops/store_checks_e2e_test.cpp
+  LIBS idemgate_ops_support PkgConfig::HIREDIS)
+add_dependencies(store_checks_e2e_test idemgate)
+set_tests_properties(store_checks_e2e_test PROPERTIES RUN_SERIAL TRUE)

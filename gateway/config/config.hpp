@@ -83,6 +83,8 @@ struct Redis {
   /// acknowledge it (SPEC C41); 0: no WAIT.
   int wait_replicas = 0;
   Duration operation_timeout = std::chrono::milliseconds(500);
+  /// SPEC C58: an `allkeys-*` maxmemory-policy is accepted (a warning) instead of refused.
+  bool allow_eviction = false;
 };
 
 struct Cleanup {

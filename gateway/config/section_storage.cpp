@@ -68,6 +68,9 @@ const KeyTable<Redis>& redis_keys() {
                   "a new lock counts as taken only once `WAIT N` saw N replicas acknowledge it "
                   "(its timeout is ¾ of `operation_timeout`); fewer → the lock is released and "
                   "the request gets `on_store_error`"),
+      boolean_key("allow_eviction", &Redis::allow_eviction, d, "C58",
+                  "`true`: start even when `maxmemory-policy` is `allkeys-*` (a warning instead "
+                  "of a refusal): an evicted lock can let a retry execute twice"),
   };
   return table;
 }
