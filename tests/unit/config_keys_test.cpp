@@ -122,3 +122,94 @@ BOOST_AUTO_TEST_CASE(spec_C56_bad_key_formats_are_refused_naming_file_line_and_k
              "(key_source.headers) has no single format; use any, or key_headers for a key in "
              "one field");
 }
+
+BOOST_AUTO_TEST_CASE(spec_C57_cors_reads_origins_lists_and_max_age) {
+  const auto c = load(kBase +
+                      "    cors: { allow_origins: [\"https://App.Example.com\", "
+                      "\"http://[::1]:8080\"], allow_headers: [Content-Type], "
+                      "expose_headers: [Location], max_age: 10m, allow_credentials: true }\n");
+  const auto& cors = c->routes.at(0).cors;
+  BOOST_TEST_REQUIRE(cors.has_value());
+  BOOST_TEST((cors->allow_origins ==
+              std::vector<std::string>{"https://app.example.com", "http://[::1]:8080"}));
+  BOOST_TEST((cors->allow_methods == std::vector<std::string>{"GET", "HEAD", "POST"}));
+  BOOST_TEST(cors->allow_headers == std::vector<std::string>{"Content-Type"});
+  BOOST_TEST(cors->expose_headers == std::vector<std::string>{"Location"});
+  BOOST_TEST(cors->max_age->count() == 600'000);
+  BOOST_TEST(cors->allow_credentials);
+  BOOST_TEST(!load(kBase)->routes.at(0).cors.has_value());
+  const auto any = load(kBase + "    cors: { allow_origins: [\"*\"], allow_headers: [\"*\"] }\n");
+  BOOST_TEST(any->routes.at(0).cors->allow_origins == std::vector<std::string>{"*"});
+}
+
+BOOST_AUTO_TEST_CASE(spec_C57_bad_cors_values_are_refused_naming_file_line_and_key) {
+  const std::string at = "t.yaml:12: routes[0].cors";
+  BOOST_TEST(error_of(kBase + "    cors: { allow_methods: [GET] }\n") ==
+             at + ".allow_origins: required key is missing");
+  BOOST_TEST(error_of(kBase + "    cors: { allow_origins: [] }\n") ==
+             at + ".allow_origins: at least one origin (or \"*\") is required");
+  BOOST_TEST(error_of(kBase + "    cors: { allow_origins: [\"https://a.example/\"] }\n") ==
+             at + ".allow_origins[0]: an origin has no path, query or trailing \"/\": write "
+                  "\"https://a.example\"");
+  BOOST_TEST(error_of(kBase + "    cors: { allow_origins: [\"null\"] }\n") ==
+             at + ".allow_origins[0]: the null origin cannot be allowed: sandboxed frames and "
+                  "local files of any site send it");
+  BOOST_TEST(error_of(kBase + "    cors: { allow_origins: [a.example] }\n") ==
+             at + ".allow_origins[0]: expected an origin such as \"https://app.example.com\", "
+                  "got \"a.example\"");
+  BOOST_TEST(error_of(kBase + "    cors: { allow_origins: [\"https://a.example:x\"] }\n") ==
+             at + ".allow_origins[0]: the port must be digits, got \"https://a.example:x\"");
+  BOOST_TEST(error_of(kBase + "    cors: { allow_origins: [\"*\", \"https://a.example\"] }\n") ==
+             at + ".allow_origins[0]: \"*\" stands alone: it already allows every origin");
+  BOOST_TEST(error_of(kBase + "    cors: { allow_origins: [\"https://a.example\", "
+                              "\"https://A.example\"] }\n") ==
+             at + ".allow_origins[1]: duplicate origin \"https://a.example\"");
+  BOOST_TEST(error_of(kBase + "    cors: { allow_origins: [\"*\"], allow_credentials: true }\n") ==
+             at + ".allow_origins: \"*\" cannot be used with allow_credentials: true (the Fetch "
+                  "standard forbids it; browsers reject the response): list the values");
+  BOOST_TEST(error_of(kBase +
+                      "    cors: { allow_origins: [\"https://a.example\"], allow_headers: [\"*\"], "
+                      "allow_credentials: true }\n") ==
+             at + ".allow_headers: \"*\" cannot be used with allow_credentials: true (the Fetch "
+                  "standard forbids it; browsers reject the response): list the values");
+  BOOST_TEST(
+      error_of(kBase + "    cors: { allow_origins: [\"https://a.example\"], max_age: 1500ms }\n") ==
+      at + ".max_age: must be whole seconds (Access-Control-Max-Age)");
+  BOOST_TEST(
+      error_of(kBase + "    cors: { allow_origins: [\"https://a.example\"], max_age: 25h }\n") ==
+      at + ".max_age: must be between 0s and 24h, got 25h");
+  BOOST_TEST(
+      error_of(kBase +
+               "    cors: { allow_origins: [\"https://a.example\"], allow_methods: [] }\n") ==
+      at + ".allow_methods: must not be empty");
+  BOOST_TEST(error_of(kBase + "    cors: { allow_origins: [\"https://a.example\"], expose_headers: "
+                              "[\"a b\"] }\n") ==
+             at + ".expose_headers[0]: \"a b\" is not a valid header name");
+  BOOST_TEST(error_of(kBase +
+                      "    cors: { allow_origins: [\"https://a.example\"], allow_credentials: yes "
+                      "}\n") ==
+             at + ".allow_credentials: expected one of true | false, got \"yes\"");
+  BOOST_TEST(error_of(kBase + "    cors: { allow_origin: [\"https://a.example\"] }\n") ==
+             at + ".allow_origin: unknown key (expected one of: allow_origins, allow_methods, "
+                  "allow_headers, expose_headers, max_age, allow_credentials)");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C57_options_is_never_keyed) {
+  BOOST_TEST(error_of(kBase + "      methods: [POST, OPTIONS]\n") ==
+             "t.yaml:12: routes[0].idempotency.methods: OPTIONS is never keyed (SPEC C57): "
+             "browsers send preflights without a key");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C58_allow_eviction_is_a_boolean_defaulting_to_false) {
+  BOOST_TEST(!load(kBase)->storage.redis.allow_eviction);
+  const std::string text = kBase.substr(0, kBase.find("upstreams:")) +
+                           "  redis: { address: 127.0.0.1, port: 6379, allow_eviction: true }\n" +
+                           kBase.substr(kBase.find("upstreams:"));
+  BOOST_TEST(load(text)->storage.redis.allow_eviction);
+  const std::string bad = kBase.substr(0, kBase.find("upstreams:")) +
+                          "  redis: { address: 127.0.0.1, allow_eviction: sometimes }\n" +
+                          kBase.substr(kBase.find("upstreams:"));
+  BOOST_TEST(error_of(bad) ==
+             "t.yaml:4: storage.redis.allow_eviction: expected one of true | false, got "
+             "\"sometimes\"");
+}
