@@ -63,3 +63,5 @@ idemgate_test(store_checks_e2e_test ops SOURCES ops/store_checks_e2e_test.cpp
   LIBS idemgate_ops_support PkgConfig::HIREDIS)
 add_dependencies(store_checks_e2e_test idemgate)
 set_tests_properties(store_checks_e2e_test PROPERTIES RUN_SERIAL TRUE)
+# The readiness report's rendering (C58), without stores.
+idemgate_test(readiness_report_test unit SOURCES unit/readiness_report_test.cpp LIBS idemgate_app)
