@@ -90,27 +90,6 @@ constexpr std::string_view kHopByHop[] = {
     "Connection",          "Keep-Alive",         "Proxy-Connection", "TE", "Trailer", "Upgrade",
     "Proxy-Authorization", "Proxy-Authenticate", "Transfer-Encoding"};
 
-core::KeyParse read_key(const config::Route& route, const bhttp::request<bhttp::string_body>& req) {
-  const auto& source = route.idempotency.key_source;
-  switch (source.kind) {
-    case config::KeySource::Kind::header: {
-      const auto values = idemgate::field_values(req, source.header);
-      return core::parse_key_field(source.header, values);
-    }
-    case config::KeySource::Kind::headers: {
-      std::vector<core::KeyParse> parts;
-      for (const auto& name : source.headers) {
-        const auto values = idemgate::field_values(req, name);
-        parts.push_back(core::parse_key_field(name, values));
-      }
-      return core::join_key_parts(source.headers, parts);
-    }
-    case config::KeySource::Kind::json_pointer:
-      return core::parse_json_pointer_key(req.body(), source.json_pointer);
-  }
-  return core::KeyParse::absent();
-}
-
 void check_canonical_json(std::string_view body) {
   const auto canonical = core::canonical_json(body);
   if (!canonical) return;
@@ -190,7 +169,7 @@ void process(bhttp::request<bhttp::string_body> req, const config::Config& cfg) 
   check(!via.empty() && via.back() == http::kViaEntry, "Via entry appended");
   if (framed || !req.body().empty()) req.content_length(req.body().size());
 
-  const core::KeyParse key = read_key(*route, req);
+  const core::KeyParse key = idemgate::request_key(route->idempotency, req.base(), req.body());
   const core::Sha256 scope = idemgate::request_scope(*route, req);
   const auto fp_headers = idemgate::header_values(req, route->idempotency.fingerprint_headers);
   const auto fp_bytes =

@@ -2,12 +2,14 @@
 
 #include <spdlog/spdlog.h>
 #include <algorithm>
+#include <atomic>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <csignal>
+#include <limits>
 #include <thread>
 
 #include "gateway/admin/admin_server.hpp"
@@ -39,6 +41,7 @@ constexpr int kExitConfig = 2;
 core::FilterEvents filter_events(Metrics& metrics) {
   core::FilterEvents events;
   events.lock_contention = [&metrics] { metrics.count_lock_contention(); };
+  events.forwarded_unprotected = [&metrics] { metrics.note_unprotected(); };
   events.duplicate_execution = [&metrics] {
     metrics.count_duplicate_execution();
     log_json(spdlog::level::warn, "duplicate execution: another record had been committed first",
@@ -97,6 +100,10 @@ class ThreadHandler final : public http::RequestHandler {
   http::UpstreamPool* streaming_pool() override { return &upstreams_; }
   void strip_owned_fields(boost::beast::http::response_header<>& header) const override {
     handler_.strip_owned_fields(header);
+  }
+  void add_route_fields(const config::Route& route, std::string_view origin,
+                        boost::beast::http::response_header<>& header) const override {
+    handler_.add_route_fields(route, origin, header);
   }
   void when_background_done(std::function<void()> done) override {
     handler_.when_background_done(std::move(done));
@@ -202,6 +209,29 @@ int run_partition_migration(const std::shared_ptr<const config::Config>& config,
   return kExitRuntime;
 }
 
+namespace {
+
+/// One line per store that does not answer and per C58 check, at the check's level.
+void log_report(const admin::ReadinessReport& report, const char* when) {
+  for (const auto& store : report.stores) {
+    if (store.error.empty()) continue;
+    log_json(spdlog::level::warn, "store unavailable",
+             {{"when", when}, {"store", store.name}, {"error", store.error}});
+  }
+  for (const auto& check : report.checks) {
+    const auto level = check.verdict == core::StoreCheck::Verdict::failed    ? spdlog::level::err
+                       : check.verdict == core::StoreCheck::Verdict::warning ? spdlog::level::warn
+                                                                             : spdlog::level::info;
+    log_json(level, "store check",
+             {{"when", when},
+              {"check", check.name},
+              {"verdict", std::string(core::verdict_text(check.verdict))},
+              {"detail", check.detail}});
+  }
+}
+
+}  // namespace
+
 int run_gateway(const std::string& config_path, bool migrate) {
   setup_logging();
   std::shared_ptr<const config::Config> config;
@@ -259,10 +289,22 @@ int run_gateway(const std::string& config_path, bool migrate) {
         observers);
     admin_server = std::make_unique<admin::AdminServer>(
         *config, [&metrics] { return metrics.render(); }, pg_primary, redis_primary,
-        [&metrics](bool ready) { metrics.set_ready(ready); });
+        [&metrics](bool ready) { metrics.set_ready(ready); },
+        [&metrics] { return metrics.unprotected_within(std::chrono::seconds(10)); });
   } catch (const std::exception& e) {
     log_json(spdlog::level::err, "cannot listen", {{"error", e.what()}});
     return kExitRuntime;
+  }
+
+  // C58: a store set up so that the contract cannot hold refuses the start.
+  {
+    const admin::ReadinessReport report = admin_server->check_stores_now();
+    log_report(report, "start");
+    if (report.any_check_failed()) {
+      log_json(spdlog::level::err, "a store check failed; not starting",
+               {{"report", report.to_text()}});
+      return kExitRuntime;
+    }
   }
 
   // Signals are handled on a thread of their own: stop() blocks until the io threads are done,
@@ -284,6 +326,9 @@ int run_gateway(const std::string& config_path, bool migrate) {
             log_json(spdlog::level::err, "reload rejected; keeping the running configuration",
                      {{"error", e.what()}});
           }
+          // C58: checked again; a failure is logged and the gateway keeps serving.
+          admin_server->check_stores(
+              [](admin::ReadinessReport report) { log_report(report, "reload"); });
           signals.async_wait(on_signal);
           return;
         }

@@ -10,6 +10,7 @@
 
 #include "gateway/core/fingerprint.hpp"
 #include "gateway/core/idempotency_key.hpp"
+#include "gateway/cors.hpp"
 #include "gateway/http/problem.hpp"
 #include "gateway/http/upstream_pool.hpp"
 #include "gateway/request_identity.hpp"
@@ -20,26 +21,6 @@ namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 
 namespace {
-
-core::KeyParse read_key(const config::KeySource& source, const http::Request& req) {
-  switch (source.kind) {
-    case config::KeySource::Kind::header: {
-      const auto values = field_values(req, source.header);
-      return core::parse_key_field(source.header, values);
-    }
-    case config::KeySource::Kind::headers: {
-      std::vector<core::KeyParse> parts;
-      for (const auto& name : source.headers) {
-        const auto values = field_values(req, name);
-        parts.push_back(core::parse_key_field(name, values));
-      }
-      return core::join_key_parts(source.headers, parts);
-    }
-    case config::KeySource::Kind::json_pointer:
-      return core::parse_json_pointer_key(req.body(), source.json_pointer);
-  }
-  return core::KeyParse::absent();
-}
 
 bool method_listed(const std::vector<std::string>& methods, std::string_view method) {
   return std::any_of(methods.begin(), methods.end(),
@@ -148,22 +129,21 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::pass_through(http::Exch
 
 bool IdempotencyHandler::holds(const config::Route& route,
                                const bhttp::request_header<>& header) const {
+  if (route.cors && is_preflight(header)) return true;  // answered by handle() (C57)
   const config::Idempotency& idem = route.idempotency;
   if (idem.mode == config::IdempotencyMode::off ||
       !method_listed(idem.methods, header.method_string())) {
     return false;
   }
   if (idem.mode == config::IdempotencyMode::required) return true;
-  switch (idem.key_source.kind) {
-    case config::KeySource::Kind::header:
-      return header.count(idem.key_source.header) > 0;
-    case config::KeySource::Kind::headers:
-      return std::any_of(idem.key_source.headers.begin(), idem.key_source.headers.end(),
-                         [&](const std::string& name) { return header.count(name) > 0; });
-    case config::KeySource::Kind::json_pointer:
-      return true;
-  }
-  return true;
+  if (idem.key.kind == core::KeySpec::Kind::json_pointer) return true;
+  return std::any_of(idem.key.fields.begin(), idem.key.fields.end(),
+                     [&](const std::string& name) { return header.count(name) > 0; });
+}
+
+void IdempotencyHandler::add_route_fields(const config::Route& route, std::string_view origin,
+                                          bhttp::response_header<>& header) const {
+  add_cors_fields(route, origin, header);
 }
 
 void IdempotencyHandler::strip_owned_fields(bhttp::response_header<>& header) const {
@@ -179,13 +159,21 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
   req.erase(kBodyOmittedField);
   req.erase(kStatusField);
 
+  // C57: the gateway answers for a route with cors; the upstream never sees the preflight.
+  if (exchange.route->cors && is_preflight(req)) {
+    http::HandlerResult preflight;
+    preflight.response = preflight_response(*exchange.route, req);
+    preflight.outcome = "preflight";
+    preflight.route_fields_set = true;
+    co_return preflight;
+  }
   const config::Idempotency& idem = exchange.route->idempotency;
   if (idem.mode == config::IdempotencyMode::off ||
       !method_listed(idem.methods, req.method_string())) {
     co_return co_await pass_through(std::move(exchange), "passthrough");  // C11, C12
   }
 
-  const core::KeyParse key = read_key(idem.key_source, req);
+  const core::KeyParse key = request_key(idem, req.base(), req.body());
   if (key.status == core::KeyParse::Status::invalid) {
     co_return http::HandlerResult{
         problem(http::Problem::invalid_key, key.detail), "invalid_key", {}, {}};
@@ -195,18 +183,23 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
       co_return co_await pass_through(std::move(exchange), "passthrough");  // C11
     }
     std::string detail;
-    switch (idem.key_source.kind) {
-      case config::KeySource::Kind::header:
-        detail = "this route requires an " + idem.key_source.header +
-                 " header: send a unique value (e.g. a UUID) per operation and repeat it on "
-                 "retries of that operation";
+    switch (idem.key.kind) {
+      case core::KeySpec::Kind::header:
+        detail = "this route requires an " + idem.key.fields.front() + " header";
+        for (std::size_t i = 1; i < idem.key.fields.size(); ++i) {
+          detail += (i == 1 ? " (or " : ", or ") + idem.key.fields[i];
+        }
+        if (idem.key.fields.size() > 1) detail += ")";
+        detail +=
+            ": send a unique value (e.g. a UUID) per operation and repeat it on retries of that "
+            "operation";
         break;
-      case config::KeySource::Kind::headers:
+      case core::KeySpec::Kind::headers:
         detail = "this route requires the key headers";
-        for (const auto& h : idem.key_source.headers) detail += " " + h;
+        for (const auto& h : idem.key.fields) detail += " " + h;
         break;
-      case config::KeySource::Kind::json_pointer:
-        detail = "this route requires a JSON body with a key at " + idem.key_source.json_pointer;
+      case core::KeySpec::Kind::json_pointer:
+        detail = "this route requires a JSON body with a key at " + idem.key.json_pointer;
         break;
     }
     co_return http::HandlerResult{
@@ -220,14 +213,19 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
   keyed.fingerprint = request_fingerprint(idem, req);
   std::string key_hash = core::to_hex(keyed.id);
 
-  // C14: what the upstream sees of the key (the Idempotency-Key source only).
-  if (idem.key_source.kind == config::KeySource::Kind::header &&
-      beast::iequals(idem.key_source.header, "Idempotency-Key")) {
-    if (idem.upstream_key == config::UpstreamKey::strip) {
-      req.erase(idem.key_source.header);
-    } else if (idem.upstream_key == config::UpstreamKey::rewrite) {
-      req.set(idem.key_source.header,
-              core::upstream_key_rewrite(idem.upstream_key_secret, scope, key.key));
+  // C14: what the upstream sees of the key (the key_headers fields, C37, C55).
+  if (idem.upstream_key_applies && idem.upstream_key != config::UpstreamKey::passthrough) {
+    std::string rewritten;
+    if (idem.upstream_key == config::UpstreamKey::rewrite) {
+      rewritten = core::upstream_key_rewrite(idem.upstream_key_secret, scope, key.key);
+    }
+    for (const auto& name : idem.key_headers) {
+      if (req.count(name) == 0) continue;
+      if (rewritten.empty()) {
+        req.erase(name);
+      } else {
+        req.set(name, rewritten);
+      }
     }
   }
 

@@ -26,6 +26,8 @@ inline constexpr const char* kStatusField = "Idempotency-Status";
 /// decisions: replay with `Idempotent-Replayed: true` (C16), mismatch → `on_mismatch` (C17),
 /// in flight → 409 with Retry-After (C18), store failure → 503 with Retry-After or forwarded with
 /// `Idempotency-Status: unprotected` (C25), upstream failure → 502/504 (C05, C21, C22).
+/// On a route with `cors`, a CORS preflight is answered here (204, C57) and never forwarded;
+/// `OPTIONS` is never keyed.
 /// The filter runs as its own coroutine, so a client that goes away does not cancel the upstream
 /// call or the record write (C34).
 class IdempotencyHandler final : public http::RequestHandler {
@@ -42,6 +44,9 @@ class IdempotencyHandler final : public http::RequestHandler {
              const boost::beast::http::request_header<>& header) const override;
   /// Removes Idempotent-Replayed, Idempotent-Body-Omitted and Idempotency-Status (C16).
   void strip_owned_fields(boost::beast::http::response_header<>& header) const override;
+  /// The route's CORS fields (C57, gateway/cors.hpp); nothing on a route without `cors`.
+  void add_route_fields(const config::Route& route, std::string_view origin,
+                        boost::beast::http::response_header<>& header) const override;
   /// Waits for the filter's lock settlements (marker or release, C23).
   void when_background_done(std::function<void()> done) override {
     filter_.when_settled(std::move(done));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gateway/admin/keys_command.hpp"
+#include "gateway/admin/readiness_report.hpp"
 #include "gateway/app.hpp"
 #include "gateway/config/config_loader.hpp"
 #include "gateway/version.hpp"
@@ -24,6 +25,9 @@ constexpr int kExitUsage = 2;
 constexpr const char* kUsage = R"(usage:
   idemgate --config FILE [--no-migrate]   run the gateway in the foreground
   idemgate check-config FILE              validate a configuration file
+  idemgate check-config --stores FILE     validate it, then connect to its stores and print each
+                                          store check with its verdict (exit 1: a check failed
+                                          or a store does not answer; warnings are allowed)
   idemgate migrate --config FILE [--partitions N]
                                           apply the Postgres schema migrations and exit; with
                                           --partitions N (2-1024), then convert idempotency_record
@@ -48,6 +52,7 @@ int main(int argc, char** argv) {
   po::options_description options("options");
   options.add_options()("config,c", po::value<std::string>(), "configuration file (YAML)")(
       "no-migrate", "do not apply pending schema migrations at start")(
+      "stores", "check-config: also check the stores' settings (SPEC C58)")(
       "partitions", po::value<int>(), "migrate: hash-partition idempotency_record into N")(
       "version", "print the version")("help,h", "print this help")(
       "route", po::value<std::string>(), "keys: the route whose record to look at")(
@@ -77,6 +82,10 @@ int main(int argc, char** argv) {
 
   const auto command = vm.count("command") ? vm["command"].as<std::vector<std::string>>()
                                            : std::vector<std::string>{};
+  if (vm.count("stores") && (command.empty() || command[0] != "check-config")) {
+    std::cerr << "idemgate: --stores applies to check-config only\n" << kUsage;
+    return kExitUsage;
+  }
   if (vm.count("partitions") && (command.empty() || command[0] != "migrate")) {
     std::cerr << "idemgate: --partitions applies to migrate only\n" << kUsage;
     return kExitUsage;
@@ -90,7 +99,10 @@ int main(int argc, char** argv) {
       const auto config = idemgate::config::load_config(command[1]);
       for (const auto& warning : config->warnings) std::cerr << warning << "\n";
       std::cout << command[1] << ": ok\n";
-      return kExitOk;
+      if (!vm.count("stores")) return kExitOk;
+      // libpq and the store clients log through the logger (C32): JSON lines on stderr.
+      idemgate::setup_logging();
+      return idemgate::admin::check_stores(*config, std::cout) == 0 ? kExitOk : kExitRuntime;
     }
     if (!vm.count("config")) {
       std::cerr << "idemgate: --config FILE is required\n" << kUsage;

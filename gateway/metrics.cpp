@@ -237,6 +237,18 @@ void Metrics::set_ready(bool ready) {
   ready_.Set(ready ? 1.0 : 0.0);
 }
 
+void Metrics::note_unprotected() noexcept {
+  last_unprotected_.store(std::chrono::steady_clock::now().time_since_epoch().count(),
+                          std::memory_order_relaxed);
+}
+
+bool Metrics::unprotected_within(std::chrono::steady_clock::duration window) const noexcept {
+  using Steady = std::chrono::steady_clock;
+  const auto last = last_unprotected_.load(std::memory_order_relaxed);
+  if (last == std::numeric_limits<Steady::rep>::min()) return false;
+  return Steady::now() - Steady::time_point(Steady::duration(last)) < window;
+}
+
 std::string Metrics::render() {
   std::lock_guard lock(render_mutex_);
   if (cleanup_source_) {

@@ -8,10 +8,12 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <atomic>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -87,6 +89,10 @@ class Metrics {
   void set_cleaner_source(std::function<double()> last_run, std::chrono::milliseconds interval);
   /// idemgate_ready: the result of the latest readiness check (SPEC C30).
   void set_ready(bool ready);
+  /// A request went out without deduplication (fail_open, C25). Any thread; lock-free.
+  void note_unprotected() noexcept;
+  /// Whether note_unprotected() was called within `window` before now (C58: `degraded`).
+  bool unprotected_within(std::chrono::steady_clock::duration window) const noexcept;
 
   /// The Prometheus text exposition format (version 0.0.4) of every metric.
   std::string render();
@@ -111,6 +117,12 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& cleaner_interval_;
 
   std::mutex render_mutex_;
+
+  /// steady_clock ticks of the last note_unprotected(); min(): never.
+
+  std::atomic<std::chrono::steady_clock::rep> last_unprotected_{
+
+      std::numeric_limits<std::chrono::steady_clock::rep>::min()};
   std::function<std::uint64_t()> cleanup_source_;
   std::function<double()> cleaner_last_run_source_;
 

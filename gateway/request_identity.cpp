@@ -33,4 +33,10 @@ core::Sha256 request_fingerprint(
                                        : core::BodyMode::bytes);
 }
 
+core::KeyParse request_key(const config::Idempotency& idempotency,
+                           const boost::beast::http::fields& fields, std::string_view body) {
+  return core::read_key(
+      idempotency.key, [&](std::string_view name) { return field_values(fields, name); }, body);
+}
+
 }  // namespace idemgate

@@ -12,6 +12,7 @@
 #include "gateway/config/config.hpp"
 #include "gateway/core/fingerprint.hpp"
 #include "gateway/core/hash.hpp"
+#include "gateway/core/idempotency_key.hpp"
 
 namespace idemgate {
 
@@ -35,5 +36,11 @@ core::Sha256 request_scope(const config::Route& route, const boost::beast::http:
 core::Sha256 request_fingerprint(
     const config::Idempotency& idem,
     const boost::beast::http::request<boost::beast::http::string_body>& req);
+
+/// The request's idempotency key on a route with these settings (SPEC C13, C37, C55, C56):
+/// core::read_key over `idempotency.key` with `fields` and `body`. The one reader of keys that
+/// the handler, `idemgate keys` and the fuzz targets share.
+core::KeyParse request_key(const config::Idempotency& idempotency,
+                           const boost::beast::http::fields& fields, std::string_view body);
 
 }  // namespace idemgate

@@ -57,3 +57,12 @@ set_tests_properties(prometheus_alerts_e2e_test PROPERTIES
   LABELS ops TIMEOUT 900 SKIP_RETURN_CODE 77
   ENVIRONMENT "IDEMGATE_BINARY_DIR=${PROJECT_BINARY_DIR};IDEMGATE_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 idemgate_starts_stores(prometheus_alerts_e2e_test)
+
+# SPEC C58: store checks at start, on SIGHUP, in check-config --stores and /readyz, on stores of
+# its own whose settings it changes.
+idemgate_test(store_checks_e2e_test ops SOURCES ops/store_checks_e2e_test.cpp
+  LIBS idemgate_ops_support PkgConfig::HIREDIS)
+add_dependencies(store_checks_e2e_test idemgate)
+idemgate_starts_stores(store_checks_e2e_test)
+# The readiness report's rendering (C58), without stores.
+idemgate_test(readiness_report_test unit SOURCES unit/readiness_report_test.cpp LIBS idemgate_app)

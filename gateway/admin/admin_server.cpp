@@ -4,6 +4,7 @@
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_future.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/read.hpp>
@@ -13,6 +14,7 @@
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
 #include <exception>
+#include <future>
 #include <tuple>
 
 #include "gateway/http/body_reader.hpp"
@@ -38,23 +40,11 @@ constexpr auto kRequestTimeout = std::chrono::seconds(10);
 constexpr std::uint64_t kMaxRequestBody = 64 * 1024;
 
 struct Stores {
-  storage::pg::PgPool* pg;
-  storage::redis::RedisClient* redis;
+  StoreChecker* checker;
   const std::atomic<bool>* draining;  ///< set when a drain began (C45)
   const AdminServer::ReadyObserver* on_ready;
+  const AdminServer::DegradedSource* degraded;
 };
-
-// "" when the store answered, otherwise what went wrong.
-asio::awaitable<std::string> probe_postgres(storage::pg::PgPool* pg) {
-  auto rows = co_await pg->query("SELECT 1", {});
-  if (!rows) co_return rows.error().message();
-  if (rows->rows() != 1) co_return "unexpected answer to SELECT 1";
-  co_return "";
-}
-
-asio::awaitable<std::string> probe_redis(storage::redis::RedisClient* redis) {
-  co_return co_await redis->probe();
-}
 
 bhttp::response<bhttp::string_body> json_response(bhttp::status status, const json::object& body,
                                                   unsigned version) {
@@ -65,33 +55,18 @@ bhttp::response<bhttp::string_body> json_response(bhttp::status status, const js
   return res;
 }
 
-struct Readiness {
-  bool ready = false;
-  bhttp::status status = bhttp::status::service_unavailable;
-  json::object body;
-};
-
-// The /readyz rule (C30, C45), told to the observer (idemgate_ready) whoever asked.
-asio::awaitable<Readiness> check_readiness(Stores stores) {
-  using namespace asio::experimental::awaitable_operators;
-  Readiness result;
+// The /readyz rule (C30, C45, C58), told to the observer (idemgate_ready) whoever asked.
+asio::awaitable<ReadinessReport> check_readiness(Stores stores, bool with_checks) {
+  ReadinessReport report;
   if (stores.draining->load(std::memory_order_relaxed)) {
-    result.body = {{"status", "draining"}};
+    report.draining = true;
   } else {
-    auto [pg_error, redis_error] =
-        co_await (probe_postgres(stores.pg) && probe_redis(stores.redis));
-    json::array failing;
-    if (!pg_error.empty()) failing.emplace_back("postgres");
-    if (!redis_error.empty()) failing.emplace_back("redis");
-    result.ready = failing.empty();
-    result.status = result.ready ? bhttp::status::ok : bhttp::status::service_unavailable;
-    result.body["status"] = result.ready ? "ready" : "unavailable";
-    if (!result.ready) result.body["failing"] = std::move(failing);
-    result.body["postgres"] = pg_error.empty() ? "ok" : pg_error;
-    result.body["redis"] = redis_error.empty() ? "ok" : redis_error;
+    report = co_await stores.checker->run(with_checks);
+    report.degraded = *stores.degraded && (*stores.degraded)();
   }
-  if (*stores.on_ready) (*stores.on_ready)(result.ready);
-  co_return result;
+  if (*stores.on_ready)
+    (*stores.on_ready)(report.status() == "ready" || report.status() == "degraded");
+  co_return report;
 }
 
 asio::awaitable<void> serve(tcp::socket socket, Stores stores,
@@ -121,10 +96,12 @@ asio::awaitable<void> serve(tcp::socket socket, Stores stores,
     } else if (path == "/healthz") {
       res = json_response(bhttp::status::ok, {{"status", "ok"}}, version);
     } else if (path == "/readyz") {
-      const auto readiness = co_await check_readiness(stores);
-      res = json_response(readiness.status, readiness.body, version);
+      const auto report = co_await check_readiness(stores, true);
+      const bool ok = report.status() == "ready" || report.status() == "degraded";
+      res = json_response(ok ? bhttp::status::ok : bhttp::status::service_unavailable,
+                          report.to_json(), version);
     } else if (path == "/metrics") {
-      co_await check_readiness(stores);  // idemgate_ready as of this scrape
+      co_await check_readiness(stores, false);  // idemgate_ready as of this scrape
       res = bhttp::response<bhttp::string_body>{bhttp::status::ok, version};
       res.set(bhttp::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
       res.body() = (*metrics_text)();
@@ -183,20 +160,14 @@ asio::awaitable<void> accept_loop(tcp::acceptor* acceptor, Stores stores,
 AdminServer::AdminServer(const config::Config& config, MetricsText metrics_text,
                          std::shared_ptr<core::PrimaryTracker> pg_primary,
                          std::shared_ptr<core::PrimaryTracker> redis_primary,
-                         ReadyObserver on_ready)
+                         ReadyObserver on_ready, DegradedSource degraded)
     : acceptor_(io_),
       metrics_text_(std::move(metrics_text)),
       on_ready_(std::move(on_ready)),
+      degraded_(std::move(degraded)),
       address_(config.admin.address) {
-  storage::pg::PgPool::Options pg_options;
-  pg_options.dsn = config.storage.postgres.dsn;
-  pg_options.max_connections = 1;
-  pg_options.operation_timeout = config.storage.postgres.operation_timeout;
-  pg_options.prepared_statements = config.storage.postgres.prepared_statements;
-  pg_options.tracker = std::move(pg_primary);
-  pg_ = std::make_unique<storage::pg::PgPool>(io_.get_executor(), pg_options);
-  redis_ = storage::redis::make_redis_client(io_.get_executor(), config.storage.redis,
-                                             std::move(redis_primary));
+  checker_ = std::make_unique<StoreChecker>(io_.get_executor(), config.storage,
+                                            std::move(pg_primary), std::move(redis_primary));
 
   const tcp::endpoint endpoint(asio::ip::make_address(config.admin.address), config.admin.port);
   acceptor_.open(endpoint.protocol());
@@ -210,18 +181,35 @@ AdminServer::~AdminServer() {
   stop();
   // The store connections go before the io_context they are registered with (RedisConnection's
   // rule); probe frames still suspended on them are destroyed with the io_context.
-  redis_.reset();
-  pg_.reset();
+  checker_.reset();
 }
 
 void AdminServer::start() {
   if (thread_.joinable()) return;
   asio::co_spawn(io_,
-                 accept_loop(&acceptor_, Stores{pg_.get(), redis_.get(), &draining_, &on_ready_},
+                 accept_loop(&acceptor_, Stores{checker_.get(), &draining_, &on_ready_, &degraded_},
                              &metrics_text_),
                  [](std::exception_ptr e) { log_failure(e, "admin accept loop failed"); });
   log_json(spdlog::level::info, "admin listening", {{"address", address_}, {"port", port_}});
   thread_ = std::thread([this] { io_.run(); });
+}
+
+ReadinessReport AdminServer::check_stores_now() {
+  auto done = asio::co_spawn(io_, checker_->run(true), asio::use_future);
+  // Not io_.run(): the store connections keep a read armed, so it would never run out of work.
+  while (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) io_.run_one();
+  return done.get();
+}
+
+void AdminServer::check_stores(std::function<void(ReadinessReport)> done) {
+  asio::co_spawn(io_, checker_->run(true),
+                 [done = std::move(done)](std::exception_ptr e, ReadinessReport report) {
+                   if (e) {
+                     log_failure(e, "store checks failed");
+                     return;
+                   }
+                   done(std::move(report));
+                 });
 }
 
 void AdminServer::stop() {

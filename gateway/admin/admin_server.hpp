@@ -12,28 +12,20 @@
 #include <string>
 #include <thread>
 
+#include "gateway/admin/readiness_report.hpp"
 #include "gateway/config/config.hpp"
-
-namespace idemgate::core {
-class PrimaryTracker;
-}
-namespace idemgate::storage::pg {
-class PgPool;
-}
-namespace idemgate::storage::redis {
-class RedisClient;
-}
 
 namespace idemgate::admin {
 
 /// Answers, over HTTP/1.1 with keep-alive:
 /// - `GET /healthz` → 200 `{"status":"ok"}` while the process runs (C30).
-/// - `GET /readyz` → 200 `{"status":"ready",…}` when Postgres answers `SELECT 1` and every Redis
-///   primary in use answers `PING` (under Sentinel: a primary was found and is one; in a
-///   cluster: every slot owner), each within its configured `operation_timeout`; otherwise 503
-///   `{"status":"unavailable","failing":["postgres"|"redis",…],"postgres":"…","redis":"…"}`
-///   with the error of each failing store (C30); 503 `{"status":"draining"}` without probing
-///   once begin_drain() was called (C45: a balancer stops sending new connections while the
+/// - `GET /readyz` → 200 when Postgres answers `SELECT 1` and every Redis primary in use answers
+///   `PING` (under Sentinel: a primary was found and is one; in a cluster: every slot owner),
+///   each within its configured `operation_timeout`, otherwise 503 (C30); the body is the
+///   ReadinessReport as JSON: `status` (`ready`, `degraded` while `degraded` says a fail_open
+///   route forwarded unprotected lately, or `unavailable`), each store's state, each C58 check
+///   with its verdict, and, when unavailable, `failing` (C58); 503 `{"status":"draining"}` without
+///   probing once begin_drain() was called (C45: a balancer stops sending new connections while the
 ///   requests in flight finish). The probes use a dedicated PgPool of one
 ///   connection and a dedicated RedisClient, run concurrently on the admin thread, and
 ///   reconnect by themselves when a store returns.
@@ -50,6 +42,9 @@ class AdminServer {
   using MetricsText = std::function<std::string()>;
   /// Told the result of every readiness check (true: ready), before its answer is written.
   using ReadyObserver = std::function<void(bool)>;
+  /// True while requests on a fail_open route are being forwarded unprotected (one in the last
+  /// 10 s): /readyz says `degraded` (C58). Called on the admin thread.
+  using DegradedSource = std::function<bool()>;
 
   /// Binds `config.admin` (port 0: the OS chooses). Throws boost::system::system_error when
   /// binding fails. Store settings are taken from `config.storage` (a reload does not change
@@ -59,7 +54,7 @@ class AdminServer {
   AdminServer(const config::Config& config, MetricsText metrics_text,
               std::shared_ptr<core::PrimaryTracker> pg_primary = nullptr,
               std::shared_ptr<core::PrimaryTracker> redis_primary = nullptr,
-              ReadyObserver on_ready = {});
+              ReadyObserver on_ready = {}, DegradedSource degraded = {});
   ~AdminServer();
   AdminServer(const AdminServer&) = delete;
   AdminServer& operator=(const AdminServer&) = delete;
@@ -75,13 +70,20 @@ class AdminServer {
   /// The bound port.
   std::uint16_t port() const { return port_; }
 
+  /// Runs the store probes and C58 checks before start(), on this server's own io_context from
+  /// the calling thread (the connections stay for /readyz), and returns the report.
+  ReadinessReport check_stores_now();
+  /// After start(): runs the checks on the admin thread and calls `done` there with the report
+  /// (SIGHUP). Any thread.
+  void check_stores(std::function<void(ReadinessReport)> done);
+
  private:
   boost::asio::io_context io_{1};
   boost::asio::ip::tcp::acceptor acceptor_;
-  std::unique_ptr<storage::pg::PgPool> pg_;
-  std::unique_ptr<storage::redis::RedisClient> redis_;
+  std::unique_ptr<StoreChecker> checker_;
   MetricsText metrics_text_;
   ReadyObserver on_ready_;
+  DegradedSource degraded_;
   std::atomic<bool> draining_{false};
   std::string address_;
   std::uint16_t port_ = 0;

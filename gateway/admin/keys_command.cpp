@@ -83,39 +83,39 @@ std::optional<std::string> body_with_value(std::string_view pointer, const std::
   return boost::json::serialize(node);
 }
 
-core::KeyParse read_key(const config::KeySource& source, const std::vector<std::string>& key) {
-  switch (source.kind) {
-    case config::KeySource::Kind::header: {
+// The key as a request would carry it, read by the gateway's own reader (request_key): the
+// first key field for a header key, one field per part for a composite key, a JSON body for a
+// json_pointer key.
+core::KeyParse read_key(const config::Idempotency& idem, const std::vector<std::string>& key) {
+  const core::KeySpec& spec = idem.key;
+  boost::beast::http::fields fields;
+  std::string body;
+  switch (spec.kind) {
+    case core::KeySpec::Kind::header:
       if (key.size() != 1) return core::KeyParse::invalid("expected one KEY");
-      const std::string_view value = key[0];
-      return core::parse_key_field(source.header, std::span<const std::string_view>(&value, 1));
-    }
-    case config::KeySource::Kind::headers: {
-      if (key.size() != source.headers.size()) {
+      fields.insert(spec.fields.front(), key[0]);
+      break;
+    case core::KeySpec::Kind::headers:
+      if (key.size() != spec.fields.size()) {
         return core::KeyParse::invalid("this route's key is made of " +
-                                       std::to_string(source.headers.size()) +
+                                       std::to_string(spec.fields.size()) +
                                        " header values: give one KEY per header, in order");
       }
-      std::vector<core::KeyParse> parts;
-      for (std::size_t i = 0; i < key.size(); ++i) {
-        const std::string_view value = key[i];
-        parts.push_back(
-            core::parse_key_field(source.headers[i], std::span<const std::string_view>(&value, 1)));
-      }
-      return core::join_key_parts(source.headers, parts);
-    }
-    case config::KeySource::Kind::json_pointer: {
+      for (std::size_t i = 0; i < key.size(); ++i) fields.insert(spec.fields[i], key[i]);
+      break;
+    case core::KeySpec::Kind::json_pointer: {
       if (key.size() != 1) return core::KeyParse::invalid("expected one KEY");
-      const auto body = body_with_value(source.json_pointer, key[0]);
-      if (!body) {
+      auto with_value = body_with_value(spec.json_pointer, key[0]);
+      if (!with_value) {
         return core::KeyParse::invalid(
             "this route reads its key from JSON: give KEY as a JSON string or integer, e.g. "
             "'\"evt_1\"' or 42");
       }
-      return core::parse_json_pointer_key(*body, source.json_pointer);
+      body = std::move(*with_value);
+      break;
     }
   }
-  return core::KeyParse::absent();
+  return request_key(idem, fields, body);
 }
 
 bool split_field(const std::string& text, std::string& name, std::string& value) {
@@ -343,7 +343,7 @@ int run_keys(const config::Config& config, const KeysRequest& request, std::ostr
     }
     scope_fields.insert(name, value);
   }
-  const core::KeyParse key = read_key(route->idempotency.key_source, request.key);
+  const core::KeyParse key = read_key(route->idempotency, request.key);
   if (key.status != core::KeyParse::Status::valid) {
     err << "idemgate keys: invalid key: "
         << (key.detail.empty() ? std::string("no key given") : key.detail) << "\n";

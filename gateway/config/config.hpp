@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gateway/core/idempotency_key.hpp"
 #include "gateway/core/status_set.hpp"
 
 namespace idemgate::config {
@@ -82,6 +83,8 @@ struct Redis {
   /// acknowledge it (SPEC C41); 0: no WAIT.
   int wait_replicas = 0;
   Duration operation_timeout = std::chrono::milliseconds(500);
+  /// SPEC C58: an `allkeys-*` maxmemory-policy is accepted (a warning) instead of refused.
+  bool allow_eviction = false;
 };
 
 struct Cleanup {
@@ -140,6 +143,15 @@ struct Idempotency {
   std::string upstream_key_secret_file;
   std::string upstream_key_secret;  ///< file contents, read by the loader (rewrite only)
   KeySource key_source;
+  /// C55: the fields that may carry the key, in order (`key_headers`); with `key_source` set,
+  /// its `header` alone, or empty for the other kinds.
+  std::vector<std::string> key_headers = {"Idempotency-Key"};
+  /// Where the key comes from and its format (C13, C37, C55, C56), as the core reads it; built
+  /// by the loader from `key_headers`, `key_source` and `key_format`.
+  core::KeySpec key;
+  /// C14: whether `upstream_key` acts on the request (the key comes from `key_headers`, or from
+  /// `key_source: { header: Idempotency-Key }`); it then acts on every field of `key_headers`.
+  bool upstream_key_applies = true;
   int on_mismatch = 422;  ///< 422 | 409 | 400
   Concurrency concurrency = Concurrency::reject;
   Duration wait_timeout = std::chrono::seconds(10);
@@ -179,6 +191,25 @@ struct Match {
   std::vector<std::string> methods;  ///< empty: any
 };
 
+/// `routes[].cors` (SPEC C57): the gateway answers CORS preflights for the route and adds the
+/// Access-Control-* fields to its responses (Fetch standard, "CORS protocol").
+struct Cors {
+  /// Serialized origins (`https://app.example.com`, lower-case, no path), or {"*"} (any origin,
+  /// never with credentials).
+  std::vector<std::string> allow_origins;
+  /// Methods a preflight may ask for, besides the route's idempotency methods; "*" allowed
+  /// without credentials.
+  std::vector<std::string> allow_methods = {"GET", "HEAD", "POST"};
+  /// Request fields a preflight may ask for, besides the key fields; "*" allowed without
+  /// credentials.
+  std::vector<std::string> allow_headers;
+  /// Response fields a page may read, besides the contract's own (Idempotent-Replayed, …).
+  std::vector<std::string> expose_headers;
+  /// `Access-Control-Max-Age` in whole seconds; nullopt: not sent (the browser's default).
+  std::optional<Duration> max_age;
+  bool allow_credentials = false;
+};
+
 struct Route {
   std::string name;
   Match match;
@@ -186,6 +217,9 @@ struct Route {
   Idempotency idempotency;
   /// Protocols a client may upgrade to on this route (SPEC C40): only "websocket" exists.
   std::vector<std::string> upgrade;
+  /// Set when the route has a `cors` mapping (SPEC C57); without it the gateway passes
+  /// preflights and Access-Control-* fields through untouched.
+  std::optional<Cors> cors;
 };
 
 struct Config {

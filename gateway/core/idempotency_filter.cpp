@@ -169,6 +169,7 @@ asio::awaitable<FilterResult> IdempotencyFilter::on_store_error(const RoutePolic
                     ec.message() + "); the request was not forwarded, retry later";
     co_return result;
   }
+  if (events_.forwarded_unprotected) events_.forwarded_unprotected();
   UpstreamReply reply = co_await forward();
   result.outcome =
       reply.kind == UpstreamReply::Kind::response ? Outcome::unprotected : Outcome::upstream_error;

@@ -100,6 +100,9 @@ struct FilterEvents {
   /// A background task of the filter (what: "lock renew") ended with an exception; the task is
   /// stopped, the request it served goes on.
   std::function<void(const char* what, const std::string& detail)> task_failed;
+  /// A request was forwarded without deduplication (fail_open, C25), whatever it got back:
+  /// readiness says `degraded` for a while (C58).
+  std::function<void()> forwarded_unprotected;
 };
 
 /// Runs one keyed request through the contract. One instance per io thread (its store and lock

@@ -380,4 +380,45 @@ KeyParse parse_json_pointer_key(std::string_view body, std::string_view pointer)
   return KeyParse::invalid("the key at " + where + " must be a string or an integer");
 }
 
+KeyParse read_key(const KeySpec& spec, const FieldLookup& lookup, std::string_view body) {
+  KeyParse key;
+  switch (spec.kind) {
+    case KeySpec::Kind::header: {
+      const std::string* named_by = nullptr;
+      for (const auto& name : spec.fields) {
+        const auto values = lookup(name);
+        KeyParse part = parse_key_field(name, values);
+        if (part.status == KeyParse::Status::invalid) return part;
+        if (part.status == KeyParse::Status::absent) continue;
+        if (named_by == nullptr) {
+          named_by = &name;
+          key = std::move(part);
+        } else if (part.key != key.key) {
+          return KeyParse::invalid("the request has both " + *named_by + " and " + name +
+                                   " with different values; send the key in one of them, or the "
+                                   "same key in both");
+        }
+      }
+      break;
+    }
+    case KeySpec::Kind::headers: {
+      std::vector<KeyParse> parts;
+      parts.reserve(spec.fields.size());
+      for (const auto& name : spec.fields) parts.push_back(parse_key_field(name, lookup(name)));
+      return join_key_parts(spec.fields, parts);
+    }
+    case KeySpec::Kind::json_pointer:
+      key = parse_json_pointer_key(body, spec.json_pointer);
+      break;
+  }
+  if (key.status != KeyParse::Status::valid) return key;
+  // A JSON key carries its type as a two-character prefix ("s:", "i:"); the format is about the
+  // value the client wrote.
+  const std::string_view text = spec.kind == KeySpec::Kind::json_pointer
+                                    ? std::string_view(key.key).substr(2)
+                                    : std::string_view(key.key);
+  if (auto problem = spec.format.check(text)) return KeyParse::invalid(std::move(*problem));
+  return key;
+}
+
 }  // namespace idemgate::core

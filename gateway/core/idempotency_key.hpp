@@ -3,11 +3,14 @@
 // draft-ietf-httpapi-idempotency-key-header §2: an RFC 8941 sf-string), another header, several
 // headers joined (saga id + step), or a JSON Pointer into the body (SPEC C13, C28, C37).
 
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "gateway/core/key_format.hpp"
 
 namespace idemgate::core {
 
@@ -50,5 +53,33 @@ KeyParse join_key_parts(std::span<const std::string> names, std::span<const KeyP
 /// could pick different ones). A repeated name elsewhere in the body is accepted. The pointer
 /// absent from a JSON body (including a path through a scalar) → absent. One pass, no DOM.
 KeyParse parse_json_pointer_key(std::string_view body, std::string_view pointer);
+
+/// Where a route's key comes from and what it must look like (SPEC C13, C37, C55, C56): the one
+/// description the gateway, `idemgate keys` and the fuzz targets read keys by.
+struct KeySpec {
+  enum class Kind {
+    header,        ///< one key in the first of `fields` present (aliases, C55)
+    headers,       ///< one part per field of `fields`, joined (C37, saga id + step)
+    json_pointer,  ///< a JSON value in the body at `json_pointer` (C37)
+  };
+  Kind kind = Kind::header;
+  std::vector<std::string> fields = {"Idempotency-Key"};
+  std::string json_pointer;
+  /// Checked on a key read from `header` fields or a JSON value (its text, without the type
+  /// prefix); a composite `headers` key is not checked (the loader allows only `any` there).
+  KeyFormat format;
+};
+
+/// Every value of the header fields named `name` (case-insensitive), in arrival order.
+using FieldLookup = std::function<std::vector<std::string_view>(std::string_view name)>;
+
+/// Reads the key `spec` describes from a request's fields (`lookup`) and body:
+/// - header: each field of `fields` is parsed by parse_key_field; none present → absent; any
+///   present one invalid → invalid; two present with different keys (compared after C13
+///   decoding, so `"abc"` and `abc` agree) → invalid, naming both fields; equal keys are one
+///   key (C55).
+/// - headers: join_key_parts over `fields`; json_pointer: parse_json_pointer_key.
+/// A valid key that fails `spec.format` → invalid with the format's detail (C56).
+KeyParse read_key(const KeySpec& spec, const FieldLookup& lookup, std::string_view body);
 
 }  // namespace idemgate::core

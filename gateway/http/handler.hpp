@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "gateway/config/config.hpp"
 
@@ -47,6 +48,9 @@ struct HandlerResult {
   std::string outcome;   ///< SPEC C31 outcome label: passthrough, executed, replayed, …
   std::string key_hash;  ///< hex of the record id, empty when no key was involved
   std::chrono::microseconds upstream_time{0};
+  /// The handler has set every field it owns on `response` (e.g. a CORS preflight answer):
+  /// the session does not call RequestHandler::add_route_fields for it.
+  bool route_fields_set = false;
 };
 
 /// Forwards requests to upstream servers over pooled keep-alive connections. One per io thread.
@@ -83,6 +87,13 @@ class RequestHandler {
   /// Removes from a streamed response's header the fields the handler owns (SPEC C16: they
   /// never come from an upstream).
   virtual void strip_owned_fields(boost::beast::http::response_header<>& /*header*/) const {}
+
+  /// Adds the fields the handler puts on every response of `route` (SPEC C57: CORS), whatever
+  /// produced it: handle(), a streamed or relayed upstream response, or the session's own
+  /// answer to a request routed there. `origin` is the request's `Origin` value ("" when none).
+  /// Called on the session's thread just before the response header is written.
+  virtual void add_route_fields(const config::Route& /*route*/, std::string_view /*origin*/,
+                                boost::beast::http::response_header<>& /*header*/) const {}
 
   /// Calls `done` (on this thread) once the store work the handler left running after its
   /// answers has ended, e.g. a lock turned into its committed marker (SPEC C23); the server

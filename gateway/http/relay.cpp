@@ -423,6 +423,7 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
   const bool length_known = rparser->content_length().has_value();
   strip_hop_by_hop(res.base());
   in.handler->strip_owned_fields(res.base());
+  if (in.route) in.handler->add_route_fields(*in.route, in.origin, res.base());
   res.version(in.client_version);
   res.set(bhttp::field::date, format_http_date(std::chrono::system_clock::now()));
   append_to_list(res.base(), "Via", kViaEntry);

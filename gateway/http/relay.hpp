@@ -45,7 +45,11 @@ struct RelayRequest {
   const config::Limits* limits = nullptr;
   const config::Upstream* upstream = nullptr;
   UpstreamPool* pool = nullptr;
-  RequestHandler* handler = nullptr;  ///< strip_owned_fields on the response header
+  RequestHandler* handler = nullptr;  ///< strip_owned_fields, add_route_fields on the response
+  /// The route and the request's Origin ("" when none), for add_route_fields; both point into
+  /// what the session holds until relay() returns.
+  const config::Route* route = nullptr;
+  std::string_view origin;
   /// Called when a tunnel opens (true) and closes (false), for the open-tunnels gauge.
   std::function<void(bool)> tunnel_observer;
   /// The request's id ("" when none) and the field that carries it: set on the response header

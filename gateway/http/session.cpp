@@ -146,7 +146,8 @@ class BasicSession final : public Session {
                                    bhttp::request_parser<bhttp::string_body>& parser,
                                    const config::Config& config, const config::Route& route,
                                    const config::Upstream& upstream, Clock::time_point started,
-                                   std::chrono::system_clock::time_point started_wall);
+                                   std::chrono::system_clock::time_point started_wall,
+                                   std::string origin);
   asio::awaitable<void> lingering_close();
   /// Sets request_id_ and trace_id_ for the request whose header is `fields` (nullptr: the
   /// header could not be parsed) and makes its id field agree (apply_request_id).
@@ -368,6 +369,9 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
 
   // Before anything is answered: every answer, the gateway's own included, carries the id.
   take_ids(parser.is_header_done() ? &parser.get() : nullptr, config->request_id);
+  // For the handler's fields on every answer of the route (add_route_fields, C57).
+  std::string origin;
+  if (parser.is_header_done()) origin = parser.get()[bhttp::field::origin];
 
   // Routed by the header alone; what the handler does not need whole is streamed (C38, C40).
   bool routed = false;
@@ -387,7 +391,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
                         std::to_string(limits.max_streamed_body) + " bytes)";
       } else {
         co_return co_await stream_one(buffer, parser, *config, *route, upstream->second, started,
-                                      started_wall);
+                                      started_wall, origin);
       }
     }
   }
@@ -483,6 +487,9 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
   }
 
   Response& res = result.response;
+  if (route && !result.route_fields_set) {
+    context_->handler->add_route_fields(*route, origin, res.base());
+  }
   finalize_response(res, version, keep_alive, head, config->request_id, request_id_);
   // Written piece by piece, each within idle_timeout: a client that reads a large held answer
   // slowly but steadily gets all of it (C07); one that stops reading is cut.
@@ -518,7 +525,8 @@ template <class Stream>
 asio::awaitable<bool> BasicSession<Stream>::stream_one(
     beast::flat_buffer& buffer, bhttp::request_parser<bhttp::string_body>& parser,
     const config::Config& config, const config::Route& route, const config::Upstream& upstream,
-    Clock::time_point started, std::chrono::system_clock::time_point started_wall) {
+    Clock::time_point started, std::chrono::system_clock::time_point started_wall,
+    std::string origin) {
   const auto& limits = config.limits;
   auto& header = parser.get();
   const unsigned version = header.version();
@@ -561,6 +569,8 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
   request.upstream = &upstream;
   request.pool = context_->handler->streaming_pool();
   request.handler = context_->handler;
+  request.route = &route;
+  request.origin = origin;
   request.tunnel_observer = context_->observers.tunnel;
   request.request_id_header = config.request_id.header;
   request.request_id = request_id_;
@@ -586,6 +596,7 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
   }
   if (outcome.problem) {
     Response& res = *outcome.problem;
+    context_->handler->add_route_fields(route, origin, res.base());
     finalize_response(res, version, outcome.keep_alive, head, config.request_id, request_id_);
     status = res.result_int();
     lowest().expires_after(limits.idle_timeout);

@@ -91,6 +91,14 @@ class SentinelClient final : public RedisClient {
     return retired_connects_ + (primary_ ? primary_->connect_count() : 0);
   }
 
+  asio::awaitable<std::vector<NodeReply>> on_each_primary(std::vector<std::string> argv) override {
+    std::vector<NodeReply> out;
+    auto reply = co_await execute(std::string{}, std::move(argv));
+    out.push_back(
+        {primary_endpoint_.empty() ? std::string("redis") : primary_endpoint_, std::move(reply)});
+    co_return out;
+  }
+
  private:
   using PrimaryResult = boost::system::result<std::shared_ptr<RedisConnection>>;
 
@@ -244,6 +252,16 @@ asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> SingleServerClie
     std::string key, std::vector<std::string> argv, std::vector<std::string> then) {
   (void)key;
   co_return co_await connection_->execute_then(std::move(argv), std::move(then));
+}
+
+asio::awaitable<std::vector<RedisClient::NodeReply>> SingleServerClient::on_each_primary(
+    std::vector<std::string> argv) {
+  // Awaited into a local first: GCC 12 destroys a co_await result inside a braced initializer
+  // too early.
+  auto reply = co_await connection_->execute(std::move(argv));
+  std::vector<NodeReply> out;
+  out.push_back({"redis", std::move(reply)});
+  co_return out;
 }
 
 asio::awaitable<std::string> SingleServerClient::probe() {

@@ -46,6 +46,18 @@ class RedisClient {
 
   /// Connections opened so far to data servers (primaries), for tests and metrics.
   virtual std::uint64_t connect_count() const = 0;
+
+  /// One server's answer to a command sent to every primary.
+  struct NodeReply {
+    std::string node;  ///< `host:port` when known, else "redis"
+    boost::system::result<Reply> reply;
+  };
+  /// Sends `argv` (a command without a key) to every primary this client writes locks to: the
+  /// one server, the primary the sentinels name, or every slot owner of a cluster (SPEC C58:
+  /// the store checks). One entry per primary, in no particular order; a failure to find the
+  /// primaries is one entry with the error.
+  virtual boost::asio::awaitable<std::vector<NodeReply>> on_each_primary(
+      std::vector<std::string> argv) = 0;
 };
 
 /// The single-server client (`storage.redis.address`/`port`): every command on one
@@ -62,6 +74,8 @@ class SingleServerClient final : public RedisClient {
       std::string key, std::vector<std::string> argv, std::vector<std::string> then) override;
   boost::asio::awaitable<std::string> probe() override;
   std::uint64_t connect_count() const override { return connection_->connect_count(); }
+  boost::asio::awaitable<std::vector<NodeReply>> on_each_primary(
+      std::vector<std::string> argv) override;
 
  private:
   std::unique_ptr<RedisConnection> owned_;

@@ -269,6 +269,22 @@ class ClusterClient final : public RedisClient {
     co_return std::string{};
   }
 
+  asio::awaitable<std::vector<NodeReply>> on_each_primary(std::vector<std::string> argv) override {
+    std::vector<NodeReply> out;
+    if (stale_ || map_.empty()) co_await refresh(generation_);
+    if (map_.empty()) {
+      out.push_back({"redis cluster", make_error_code(store_errc::unavailable)});
+      co_return out;
+    }
+    for (const auto& primary : map_.primaries()) {
+      auto node = connection(primary);
+      auto reply = co_await node->execute(argv);
+      if (!reply) stale_ = true;
+      out.push_back({endpoint_text(primary.host, primary.port), std::move(reply)});
+    }
+    co_return out;
+  }
+
   std::uint64_t connect_count() const override {
     auto count = dropped_connects_;
     for (const auto& [name, node] : nodes_) count += node->connect_count();

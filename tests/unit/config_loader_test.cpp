@@ -295,7 +295,8 @@ BOOST_AUTO_TEST_CASE(unknown_keys_are_rejected_at_every_level) {
   BOOST_TEST(error_of(with_idempotency("      tll: 48h\n")) ==
              "t.yaml:12: routes[0].idempotency.tll: unknown key (expected one of: mode, methods, "
              "ttl, lock_ttl, key_scope, fingerprint, upstream_key, upstream_key_secret_file, "
-             "key_source, on_mismatch, concurrency, wait_timeout, max_waiters, store_statuses, "
+             "key_source, key_headers, key_format, on_mismatch, concurrency, wait_timeout, "
+             "max_waiters, store_statuses, "
              "max_stored_response, on_unknown_outcome, fingerprint_body, on_store_error, "
              "commit_timeout, replay_cache_ttl, replay_cache_max_bytes)");
   BOOST_TEST(error_of(replace(kBase, "path_prefix: /", "path_prefix: /, hosts: a.com")) ==

@@ -34,14 +34,16 @@ struct Fixture {
   std::vector<std::string> task_failures;
   IdempotencyFilter filter{
       store, lock,
-      FilterEvents{[this] { ++contention; }, [this] { ++duplicates; },
+      FilterEvents{[this] { ++contention; },
+                   [this] { ++duplicates; },
                    [this] { ++commit_failures; },
                    [this](const char* what, const boost::system::error_code&) {
                      store_errors.emplace_back(what);
                    },
                    [this](const char* what, const std::string& detail) {
                      task_failures.push_back(std::string(what) + ": " + detail);
-                   }}};
+                   },
+                   {}}};
   RoutePolicy policy;
   int executions = 0;
 
