@@ -47,7 +47,8 @@ const KeyTable<Redis>& redis_keys() {
           "username", "string", "empty = the default user", "needs `password`", "",
           "a Redis 6+ ACL user: `AUTH username password` first on every connection; it "
           "needs `set`, `get`, `eval`, `evalsha`, `pexpire`, `del`, `ping` (and "
-          "`select` with a `db`) on keys `idemgate:lock:*`"),
+          "`select` with a `db`) on keys `idemgate:lock:*`, and `config\\|get` for the C58 "
+          "eviction check (without it the check reports \"could not run\")"),
       duration_key("operation_timeout", &Redis::operation_timeout, d, 10ms, 60s, "C25",
                    "every command, connect included"),
       custom_key<Redis>("sentinels", "list of `\"host:port\"`", "—",

@@ -53,7 +53,8 @@ class AclRedis {
                     // Directives on the command line: each --user is one ACL rule line.
                     "--user", "default", "off", "--user", kUser, "on", ">" + kSecret,
                     "~idemgate:lock:*", "+set", "+get", "+eval", "+evalsha", "+pexpire", "+del",
-                    "+ping", "--user", "admin", "on", ">" + kAdminSecret, "~*", "+@all"};
+                    "+ping", "+config|get", "--user", "admin", "on", ">" + kAdminSecret, "~*",
+                    "+@all"};
     options.stdout_path = (dir_.path() / "redis.log").string();
     options.stderr_path = (dir_.path() / "redis.err").string();
     process_.emplace(options);
