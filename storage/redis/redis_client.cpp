@@ -38,13 +38,14 @@ class SentinelClient final : public RedisClient {
     sentinels_.resize(options_.sentinels.size());
   }
 
-  asio::awaitable<ReplyResult> execute(std::string key, std::vector<std::string> argv) override {
+  asio::awaitable<ReplyResult> execute(std::string key, std::vector<std::string> argv,
+                                       Undo undo) override {
     (void)key;  // one primary holds every key
     for (int attempt = 0;; ++attempt) {
       auto primary = co_await current();
       if (!primary) co_return primary.error();
       std::shared_ptr<RedisConnection> connection = *primary;
-      auto reply = co_await connection->execute(argv);
+      auto reply = co_await execute_one(*connection, argv, undo);
       if (!reply) {
         if (reply.error() != asio::error::operation_aborted) forget(connection);
         co_return reply;
@@ -59,13 +60,14 @@ class SentinelClient final : public RedisClient {
   }
 
   asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> execute_then(
-      std::string key, std::vector<std::string> argv, std::vector<std::string> then) override {
+      std::string key, std::vector<std::string> argv, std::vector<std::string> then,
+      Undo undo) override {
     (void)key;
     for (int attempt = 0;; ++attempt) {
       auto primary = co_await current();
       if (!primary) co_return primary.error();
       std::shared_ptr<RedisConnection> connection = *primary;
-      auto replies = co_await connection->execute_then(argv, then);
+      auto replies = co_await execute_pair(*connection, argv, then, undo);
       if (!replies) {
         if (replies.error() != asio::error::operation_aborted) forget(connection);
         co_return replies;
@@ -81,7 +83,7 @@ class SentinelClient final : public RedisClient {
 
   asio::awaitable<std::string> probe() override {
     std::vector<std::string> ping{"PING"};
-    auto reply = co_await execute(std::string{}, std::move(ping));
+    auto reply = co_await execute(std::string{}, std::move(ping), Undo{});
     if (reply && reply->is_status("PONG")) co_return std::string{};
     if (!reply) co_return last_failure_.empty() ? reply.error().message() : last_failure_;
     co_return describe_failure(reply);
@@ -135,7 +137,8 @@ class SentinelClient final : public RedisClient {
       o.username = options_.sentinel_username;
       o.db = 0;
       o.operation_timeout = options_.operation_timeout;
-      sentinels_[i] = std::make_unique<RedisConnection>(executor_, std::move(o));
+      sentinels_[i] = std::make_unique<RedisConnection>(executor_, std::move(o),
+                                                        RedisConnection::Kind::control);
     }
     return *sentinels_[i];
   }
@@ -182,6 +185,7 @@ class SentinelClient final : public RedisClient {
         o.address = host;
         o.port = static_cast<std::uint16_t>(port);
         candidate = std::make_shared<RedisConnection>(executor_, std::move(o));
+        if (primary_) candidate->adopt_undos(primary_->take_undos());
       }
       // Never a lock command to a replica: the named node must say it is the primary.
       auto role = co_await candidate->command("ROLE");
@@ -235,15 +239,38 @@ class SentinelClient final : public RedisClient {
 }  // namespace
 
 asio::awaitable<ReplyResult> SingleServerClient::execute(std::string key,
-                                                         std::vector<std::string> argv) {
+                                                         std::vector<std::string> argv, Undo undo) {
   (void)key;
-  co_return co_await connection_->execute(std::move(argv));
+  co_return co_await execute_one(*connection_, std::move(argv), std::move(undo));
 }
 
 asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> SingleServerClient::execute_then(
-    std::string key, std::vector<std::string> argv, std::vector<std::string> then) {
+    std::string key, std::vector<std::string> argv, std::vector<std::string> then, Undo undo) {
   (void)key;
-  co_return co_await connection_->execute_then(std::move(argv), std::move(then));
+  co_return co_await execute_pair(*connection_, std::move(argv), std::move(then), std::move(undo));
+}
+
+asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> execute_pair(
+    RedisConnection& connection, std::vector<std::string> first, std::vector<std::string> second,
+    Undo undo, bool asking) {
+  std::vector<Command> commands;
+  if (asking) commands.push_back({"ASKING"});
+  commands.push_back(std::move(first));
+  commands.push_back(std::move(second));
+  auto replies = co_await connection.execute(std::move(commands), std::move(undo));
+  if (!replies) co_return replies.error();
+  const std::size_t at = asking ? 1 : 0;
+  co_return std::pair<Reply, Reply>{std::move((*replies)[at]), std::move((*replies)[at + 1])};
+}
+
+asio::awaitable<ReplyResult> execute_one(RedisConnection& connection, std::vector<std::string> argv,
+                                         Undo undo, bool asking) {
+  std::vector<Command> commands;
+  if (asking) commands.push_back({"ASKING"});
+  commands.push_back(std::move(argv));
+  auto replies = co_await connection.execute(std::move(commands), std::move(undo));
+  if (!replies) co_return replies.error();
+  co_return std::move(replies->back());
 }
 
 asio::awaitable<std::string> SingleServerClient::probe() {

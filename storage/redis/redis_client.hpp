@@ -30,15 +30,23 @@ class RedisClient {
   virtual ~RedisClient() = default;
 
   /// Sends `argv`, a command that touches the single key `key` (a cluster routes on it; "" for
-  /// a command with no key, which goes to any primary), and waits for its reply.
+  /// a command with no key, which goes to any primary), and waits for its reply. `undo` (may
+  /// be empty) runs on that server if the reply is lost (RedisConnection).
   virtual boost::asio::awaitable<boost::system::result<Reply>> execute(
-      std::string key, std::vector<std::string> argv) = 0;
+      std::string key, std::vector<std::string> argv, Undo undo) = 0;
+
+  /// execute() without an undo. (Not a default argument: GCC 12 destroys a coroutine's default
+  /// argument twice.)
+  boost::asio::awaitable<boost::system::result<Reply>> execute(std::string key,
+                                                               std::vector<std::string> argv) {
+    return execute(std::move(key), std::move(argv), Undo{});
+  }
 
   /// Like execute, and sends `then` right behind `argv` on the same connection (behind the
   /// redirected command after a redirect), returning both replies: `WAIT` after a lock's `SET`
   /// (SPEC C41). `then` has no key of its own.
   virtual boost::asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> execute_then(
-      std::string key, std::vector<std::string> argv, std::vector<std::string> then) = 0;
+      std::string key, std::vector<std::string> argv, std::vector<std::string> then, Undo undo) = 0;
 
   /// Checks that every primary this client needs answers `PING` (the readiness probe, SPEC
   /// C30): empty when they do, otherwise what failed, for `/readyz`.
@@ -56,10 +64,13 @@ class SingleServerClient final : public RedisClient {
   explicit SingleServerClient(std::unique_ptr<RedisConnection> connection)
       : owned_(std::move(connection)), connection_(owned_.get()) {}
 
-  boost::asio::awaitable<boost::system::result<Reply>> execute(
-      std::string key, std::vector<std::string> argv) override;
+  boost::asio::awaitable<boost::system::result<Reply>> execute(std::string key,
+                                                               std::vector<std::string> argv,
+                                                               Undo undo) override;
+  using RedisClient::execute;
   boost::asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> execute_then(
-      std::string key, std::vector<std::string> argv, std::vector<std::string> then) override;
+      std::string key, std::vector<std::string> argv, std::vector<std::string> then,
+      Undo undo) override;
   boost::asio::awaitable<std::string> probe() override;
   std::uint64_t connect_count() const override { return connection_->connect_count(); }
 
@@ -74,6 +85,17 @@ class SingleServerClient final : public RedisClient {
 std::unique_ptr<RedisClient> make_redis_client(boost::asio::any_io_executor executor,
                                                const config::Redis& options,
                                                std::shared_ptr<core::PrimaryTracker> tracker);
+
+/// Sends `first` and `second` back to back on `connection` (after `ASKING` when `asking`) and
+/// returns their replies (the reply to ASKING is not returned).
+boost::asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> execute_pair(
+    RedisConnection& connection, std::vector<std::string> first, std::vector<std::string> second,
+    Undo undo, bool asking = false);
+
+/// Sends `argv` on `connection` (after `ASKING` when `asking`) and returns its reply.
+boost::asio::awaitable<boost::system::result<Reply>> execute_one(RedisConnection& connection,
+                                                                 std::vector<std::string> argv,
+                                                                 Undo undo, bool asking = false);
 
 /// `host:port`, with brackets around an IPv6 host.
 std::string endpoint_text(const std::string& host, std::uint16_t port);

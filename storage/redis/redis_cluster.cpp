@@ -179,7 +179,8 @@ class ClusterClient final : public RedisClient {
     for (const auto& seed : options_.cluster) seeds_.push_back({seed.host, seed.port});
   }
 
-  asio::awaitable<result<Reply>> execute(std::string key, std::vector<std::string> argv) override {
+  asio::awaitable<result<Reply>> execute(std::string key, std::vector<std::string> argv,
+                                         Undo undo) override {
     if (stale_ || map_.empty()) co_await refresh(generation_);
     std::optional<Endpoint> target;
     if (key.empty()) {
@@ -196,12 +197,7 @@ class ClusterClient final : public RedisClient {
     for (int redirects = 0;; ++redirects) {
       const auto seen = generation_;
       auto node = connection(*target);
-      result<Reply> r = make_error_code(store_errc::unavailable);
-      if (asking) {
-        r = co_await node->execute_asking(argv);
-      } else {
-        r = co_await node->execute(argv);
-      }
+      result<Reply> r = co_await execute_one(*node, argv, undo, asking);
       if (!r) {
         // The node may have failed over: its slots are someone else's now.
         if (r.error() != asio::error::operation_aborted) stale_ = true;
@@ -221,8 +217,10 @@ class ClusterClient final : public RedisClient {
     }
   }
 
-  asio::awaitable<result<std::pair<Reply, Reply>>> execute_then(
-      std::string key, std::vector<std::string> argv, std::vector<std::string> then) override {
+  asio::awaitable<result<std::pair<Reply, Reply>>> execute_then(std::string key,
+                                                                std::vector<std::string> argv,
+                                                                std::vector<std::string> then,
+                                                                Undo undo) override {
     if (stale_ || map_.empty()) co_await refresh(generation_);
     std::optional<Endpoint> target = map_.owner(key_slot(key));
     if (!target) {
@@ -234,7 +232,7 @@ class ClusterClient final : public RedisClient {
       const auto seen = generation_;
       auto node = connection(*target);
       // `then` follows the command on the node that runs it, redirected or not.
-      auto r = co_await node->execute_then(argv, then, asking);
+      auto r = co_await execute_pair(*node, argv, then, undo, asking);
       if (!r) {
         if (r.error() != asio::error::operation_aborted) stale_ = true;
         co_return r;

@@ -699,6 +699,55 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_fewer_acks_is_a_store_error_and_re
             << ms(refused.elapsed()) << " retries: " << summary(kinds) << std::endl;
 }
 
+// SPEC C41 "fewer → store error, lock released", for every request refused while the replica is
+// away. On one io thread the four writes and WAITs share a connection, and Redis runs a WAIT only
+// after the previous one returned: the second WAIT outlives operation_timeout, the gateway gives
+// up on that connection and answers 503, but that request's SET had already run. Its token must
+// go as soon as Redis answers again, or the retry meets it (409) until lock_ttl (30 s).
+BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_no_request_refused_for_too_few_acks_keeps_its_lock) {
+  constexpr std::size_t kRequests = 4;
+  SentinelTopology topology;
+  PaymentService payments;
+  GatewayConfig config = sentinel_config(topology, payments, "acks4.test", ", wait_replicas: 1");
+  config.threads = 1;
+  Gateway gateway(config, 1);
+  warm_up(gateway, "acks4.test");
+  const auto posts = payments.counter("payment_posts");
+  std::vector<HttpRequest> requests;
+  for (std::size_t i = 0; i < kRequests; ++i)
+    requests.push_back(payment_post("acks4.test", unique_name("c41-acks4")));
+
+  topology.signal_node(topology.replica_port(), SIGSTOP);
+  const auto refused = run_concurrently(kRequests, [&](std::size_t i) {
+    return http_request(kLoopback, gateway.port(0), requests[i], kClientTimeout);
+  });
+  topology.signal_node(topology.replica_port(), SIGCONT);
+  for (const auto& r : refused) {
+    BOOST_TEST(r.error.empty(), r.error);
+    BOOST_TEST(store_unavailable(r.response), gateway.explain(r.response));
+  }
+  BOOST_TEST(payments.counter("payment_posts") == posts, "forwarded without the replica's ack");
+
+  // Each key again once the replica acknowledges: 503 until it does, never 409.
+  std::map<std::string, int> kinds;
+  for (const auto& request : requests) {
+    Timed retry;
+    const auto deadline = Clock::now() + kEventDeadline;
+    do {
+      retry = send_timed(gateway, request, 0);
+      ++kinds[kind_of(retry)];
+    } while (kind_of(retry) == "503" && Clock::now() < deadline &&
+             (std::this_thread::sleep_for(kRetryInterval), true));
+    BOOST_TEST(executed(retry.response), gateway.explain(retry.response));
+  }
+  BOOST_TEST(!kinds.contains("409"), "a refused request left its lock behind: " << summary(kinds));
+  const auto executions = payments.counter("payment_posts") - posts;
+  BOOST_TEST(executions == kRequests);
+  report("C41_wait_replicas_fewer_acks_4_at_once", executions, kRequests);
+  std::cout << "figures scenario=C41_wait_replicas_fewer_acks_4_at_once retries: " << summary(kinds)
+            << std::endl;
+}
+
 BOOST_AUTO_TEST_CASE(spec_C41_sentinels_naming_a_replica_get_no_lock_command_and_requests_get_503) {
   SentinelTopology::Options options;
   options.monitor_replica = true;
