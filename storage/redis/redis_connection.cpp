@@ -37,14 +37,16 @@ bool starts_with_any(const std::string& text, std::initializer_list<std::string_
 
 /// A reply saying the command did not run here because the key is served elsewhere now.
 bool refused_elsewhere(const Reply& r) {
-  return r.is_error() && (starts_with_any(r.str, {"MOVED ", "ASK ", "READONLY", "MASTERDOWN",
-                                                  "TRYAGAIN", "CLUSTERDOWN"}) ||
-                          r.str.find("-READONLY") != std::string::npos);
+  return r.is_error() &&
+         (starts_with_any(r.str, {"MOVED ", "READONLY", "MASTERDOWN", "CLUSTERDOWN"}) ||
+          r.str.find("-READONLY") != std::string::npos);
 }
 
-/// A reply saying the command did not run yet but will here once the server is ready.
+/// A reply saying the command did not run yet but may run here later: a server loading its
+/// data or running a script, a slot being migrated (the key is not here while it moves; once
+/// moved, the answer is MOVED).
 bool refused_for_now(const Reply& r) {
-  return r.is_error() && starts_with_any(r.str, {"LOADING", "BUSY"});
+  return r.is_error() && starts_with_any(r.str, {"LOADING", "BUSY", "ASK ", "TRYAGAIN"});
 }
 
 }  // namespace
@@ -81,14 +83,13 @@ Reply copy_reply(const redisReply& r) {
   return out;
 }
 
-namespace {
-
 /// One call from issue to completion: its commands, their replies so far and how it ended. A
 /// caller's coroutine sleeps on `deadline`; the last reply (or the failure) cancels the timer,
 /// which only queues the coroutine on the io_context (never resumed inside a hiredis callback).
-/// Calls the connection makes itself (undos) have `on_done` instead of a waiting coroutine.
-struct CommandOp {
-  CommandOp(asio::any_io_executor executor, std::vector<Command> cmds, Undo u)
+/// Calls the connection makes itself (undos) have `on_done` instead of a waiting coroutine. A
+/// call not sent yet may move to a newer session (its handshake timed out); a sent one stays.
+struct RedisConnection::Op {
+  Op(asio::any_io_executor executor, std::vector<Command> cmds, Undo u)
       : deadline(std::move(executor)), commands(std::move(cmds)), undo(std::move(u)) {}
 
   void reply(Reply r) {
@@ -111,7 +112,8 @@ struct CommandOp {
   bool sent = false;       ///< written (or about to be) on a connected session
   bool abandoned = false;  ///< the caller stopped waiting
   bool undo_kept = false;  ///< its undo went to the State once
-  std::function<void(CommandOp&)> on_done;
+  std::function<void(Op&)> on_done;
+  std::weak_ptr<Session> session;  ///< where it waits or was sent
 
  private:
   void finish() {
@@ -120,8 +122,6 @@ struct CommandOp {
     if (on_done) std::exchange(on_done, nullptr)(*this);
   }
 };
-
-}  // namespace
 
 /// What outlives a session: the options, the undos of lost calls and the connections they went
 /// out on, and the timer that reconnects for them.
@@ -160,7 +160,7 @@ struct RedisConnection::State : std::enable_shared_from_this<State> {
   void keep(Undo undo, std::optional<long long> connection_id);
   void on_ready(Session& session);
   void round_done(const std::vector<long long>& kills_sent, const std::vector<std::uint64_t>& sent,
-                  CommandOp& op);
+                  Op& op);
   void session_closed();
   void recover();
   void retry_later();
@@ -179,7 +179,7 @@ struct RedisConnection::State : std::enable_shared_from_this<State> {
   asio::steady_timer retry;
   bool retry_armed = false;
   std::chrono::milliseconds backoff{0};
-  std::function<void(Undo)> refused;
+  std::function<void(Undo, const Reply&)> refused;
 };
 
 class RedisConnection::Session : public std::enable_shared_from_this<Session> {
@@ -211,7 +211,23 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
     handshake_.expires_after(options_.operation_timeout);
     handshake_.async_wait([weak = weak_from_this()](error_code ec) {
       auto self = weak.lock();
-      if (!ec && self && !self->ready_) self->close(store_errc::timed_out);
+      if (ec || !self || self->ready_ || self->closed_) return;
+      // The calls waiting here were never sent: they move to a new session and keep their own
+      // deadlines, so one issued just as the server came back is not failed by this session's
+      // older deadline.
+      auto waiting = std::exchange(self->waiting_, {});
+      self->close(store_errc::timed_out);
+      auto state = self->state_.lock();
+      if (!state || state->closing) {
+        for (auto& op : waiting) op->fail(make_error_code(store_errc::timed_out));
+        return;
+      }
+      std::shared_ptr<Session> next;
+      for (auto& op : waiting) {
+        if (op->done) continue;
+        if (!next) next = state->live_session();
+        next->submit(std::move(op));
+      }
     });
     error_code ec;
     const auto ip = asio::ip::make_address(options_.address, ec);
@@ -231,15 +247,16 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
 
   /// Sends `op` now, or once the handshake answered; fails it at once when the session is
   /// closed.
-  void submit(std::shared_ptr<CommandOp> op) {
+  void submit(std::shared_ptr<Op> op) {
     if (closed_) return op->fail(make_error_code(reason_));
+    op->session = weak_from_this();
     if (!ready_) return waiting_.push_back(std::move(op));
     send(std::move(op));
   }
 
   /// Sends a call the connection makes itself (no coroutine waits for it): its own deadline
   /// tears the session down like a caller's would.
-  void submit_internal(std::shared_ptr<CommandOp> op) {
+  void submit_internal(std::shared_ptr<Op> op) {
     op->deadline.expires_after(options_.operation_timeout);
     op->deadline.async_wait([weak = weak_from_this(), op](error_code) {
       if (op->done) return;
@@ -314,7 +331,7 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
     while (!waiting_.empty() && !closed_) {
       auto op = std::move(waiting_.front());
       waiting_.pop_front();
-      send(std::move(op));
+      if (!op->done) send(std::move(op));  // done: timed out before it could go, never sent
     }
   }
 
@@ -331,12 +348,12 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
                                  lengths.data()) == REDIS_OK;
   }
 
-  void send(std::shared_ptr<CommandOp> op) {
+  void send(std::shared_ptr<Op> op) {
     op->sent = true;
     for (const auto& command : op->commands) {
       // hiredis owns privdata until the callback runs, which it does exactly once (a NULL
       // reply when the context goes away).
-      auto holder = std::make_unique<std::shared_ptr<CommandOp>>(op);
+      auto holder = std::make_unique<std::shared_ptr<Op>>(op);
       if (!append(command, &Session::on_reply, holder.get())) {
         lost(*op);
         return op->fail(make_error_code(store_errc::unavailable));
@@ -351,7 +368,7 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
 
   /// `op`'s replies will not come: its undo goes to the State (once), with this connection's
   /// id to kill first.
-  void lost(CommandOp& op) {
+  void lost(Op& op) {
     if (!op.undo || !op.sent || op.undo_kept) return;
     op.undo_kept = true;
     if (auto state = state_.lock()) state->keep(op.undo, id_);
@@ -379,8 +396,8 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
   static Session& of(const void* p) { return *static_cast<Session*>(const_cast<void*>(p)); }
 
   static void on_reply(redisAsyncContext* ac, void* reply, void* privdata) {
-    std::unique_ptr<std::shared_ptr<CommandOp>> holder(
-        static_cast<std::shared_ptr<CommandOp>*>(privdata));
+    std::unique_ptr<std::shared_ptr<Op>> holder(
+        static_cast<std::shared_ptr<Op>*>(privdata));
     auto op = *holder;
     auto& s = of(ac->data);
     if (reply == nullptr) {
@@ -391,7 +408,7 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
     if (op->done && op->abandoned && op->undo && !s.closed_) {
       // Its caller is gone and will never release what the call may have taken: undo it now,
       // behind it on the same connection. Lost in turn, the undo is kept like any other.
-      auto undo = std::make_shared<CommandOp>(op->deadline.get_executor(),
+      auto undo = std::make_shared<Op>(op->deadline.get_executor(),
                                               std::vector<Command>{op->undo.command}, op->undo);
       s.submit_internal(std::move(undo));
     }
@@ -491,7 +508,7 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
   asio::posix::stream_descriptor socket_;
   asio::steady_timer handshake_;
   redisAsyncContext* ac_ = nullptr;
-  std::deque<std::shared_ptr<CommandOp>> waiting_;  // issued before the handshake answered
+  std::deque<std::shared_ptr<Op>> waiting_;  // issued before the handshake answered
   std::optional<long long> id_;
   bool closed_ = false;
   bool ready_ = false;
@@ -540,10 +557,10 @@ void RedisConnection::State::on_ready(Session& s) {
     commands.push_back(kept.undo.command);
     sent.push_back(kept.seq);
   }
-  auto op = std::make_shared<CommandOp>(executor, std::move(commands), Undo{});
+  auto op = std::make_shared<Op>(executor, std::move(commands), Undo{});
   s.set_recovering(true);
   op->on_done = [weak = weak_from_this(), session = s.weak_from_this(), kills_sent,
-                 sent](CommandOp& done) {
+                 sent](Op& done) {
     if (auto live = session.lock()) live->set_recovering(false);
     if (auto state = weak.lock()) state->round_done(kills_sent, sent, done);
   };
@@ -551,7 +568,7 @@ void RedisConnection::State::on_ready(Session& s) {
 }
 
 void RedisConnection::State::round_done(const std::vector<long long>& kills_sent,
-                                        const std::vector<std::uint64_t>& sent, CommandOp& op) {
+                                        const std::vector<std::uint64_t>& sent, Op& op) {
   if (closing) return;
   if (op.failed) return;  // the session is gone; session_closed() tries again
   std::size_t i = 0;
@@ -559,7 +576,7 @@ void RedisConnection::State::round_done(const std::vector<long long>& kills_sent
     if (op.replies[i++].is_error()) kill_refused = true;  // NOPERM: undo without kills from now
     std::erase(kills, id);
   }
-  std::vector<Undo> elsewhere;
+  std::vector<std::pair<Undo, Reply>> elsewhere;
   bool later = false;
   for (const std::uint64_t seq : sent) {
     const Reply& reply = op.replies[i++];
@@ -569,7 +586,7 @@ void RedisConnection::State::round_done(const std::vector<long long>& kills_sent
       later = true;
       continue;
     }
-    if (refused_elsewhere(reply) && refused) elsewhere.push_back(std::move(it->undo));
+    if (refused_elsewhere(reply) && refused) elsewhere.emplace_back(std::move(it->undo), reply);
     undos.erase(it);
   }
   backoff = std::chrono::milliseconds{0};
@@ -577,7 +594,7 @@ void RedisConnection::State::round_done(const std::vector<long long>& kills_sent
     asio::post(executor, [weak = weak_from_this(), elsewhere = std::move(elsewhere)]() mutable {
       auto state = weak.lock();
       if (!state || !state->refused) return;
-      for (auto& undo : elsewhere) state->refused(std::move(undo));
+      for (auto& [undo, reply] : elsewhere) state->refused(std::move(undo), reply);
     });
   }
   if (later) return retry_later();
@@ -652,8 +669,16 @@ void RedisConnection::adopt_undos(std::vector<Undo> undos) {
   state_->recover();
 }
 
-void RedisConnection::on_refused_undo(std::function<void(Undo)> handler) {
+void RedisConnection::on_refused_undo(std::function<void(Undo, const Reply&)> handler) {
   state_->refused = std::move(handler);
+}
+
+const std::string& RedisConnection::address() const noexcept {
+  return state_->options.address;
+}
+
+std::uint16_t RedisConnection::port() const noexcept {
+  return state_->options.port;
 }
 
 std::uint64_t RedisConnection::connect_count() const noexcept {
@@ -662,12 +687,11 @@ std::uint64_t RedisConnection::connect_count() const noexcept {
 
 asio::awaitable<boost::system::result<std::vector<Reply>>> RedisConnection::execute(
     std::vector<Command> commands, Undo undo) {
-  auto op = std::make_shared<CommandOp>(state_->executor, std::move(commands), std::move(undo));
+  auto op = std::make_shared<Op>(state_->executor, std::move(commands), std::move(undo));
   if (op->commands.empty()) co_return std::vector<Reply>{};
   op->deadline.expires_after(state_->options.operation_timeout);
-  auto session = state_->live_session();
   // Every command is queued before this coroutine can yield: nothing gets between them.
-  session->submit(op);
+  state_->live_session()->submit(op);
   if (!op->done) {
     auto [ec] = co_await op->deadline.async_wait(use_nothrow);
     if (!op->done && ec == asio::error::operation_aborted) {
@@ -679,10 +703,17 @@ asio::awaitable<boost::system::result<std::vector<Reply>>> RedisConnection::exec
     }
   }
   if (!op->done) {
+    auto where = op->session.lock();
+    if (!op->sent || !where) {
+      // Never sent (the handshake has not answered): nothing ran; the session's own handshake
+      // deadline decides about the connection.
+      op->fail(make_error_code(store_errc::timed_out));
+      co_return make_error_code(store_errc::timed_out);
+    }
     // Past the deadline: the connection may be dead or half-open, and replies are FIFO, so all
     // commands queued behind this one would wait for the missing reply too. It goes; the next
     // command opens a new one.
-    session->close(store_errc::timed_out);
+    where->close(store_errc::timed_out);
     co_return make_error_code(store_errc::timed_out);
   }
   if (op->failed) co_return *op->failed;

@@ -156,16 +156,22 @@ class RedisConnection {
   /// reconnects for them.
   void adopt_undos(std::vector<Undo> undos);
 
-  /// Where an undo goes that this server refused without running it (`MOVED`, `ASK`,
-  /// `READONLY`, `TRYAGAIN`, `CLUSTERDOWN`: the key is served elsewhere now); unset: dropped.
-  void on_refused_undo(std::function<void(Undo)> handler);
+  /// Where an undo goes that this server refused without running it because the key is served
+  /// elsewhere now (`MOVED`, `READONLY`, `MASTERDOWN`, `CLUSTERDOWN`), with that refusal; unset:
+  /// dropped. (`ASK`, `TRYAGAIN`, `LOADING`, `BUSY` are tried here again later.)
+  void on_refused_undo(std::function<void(Undo, const Reply&)> handler);
 
   /// Number of connections opened so far (the first one included); for metrics and tests.
   std::uint64_t connect_count() const noexcept;
 
+  /// The server's address and port as configured.
+  const std::string& address() const noexcept;
+  std::uint16_t port() const noexcept;
+
  private:
   class Session;  // one hiredis context and its Asio hooks
   struct State;   // what outlives a session: options, undos, the recovery timer
+  struct Op;      // one call from issue to completion
 
   std::shared_ptr<State> state_;
 };
