@@ -129,17 +129,17 @@ asio::awaitable<boost::system::result<core::Acquired>> RedisLock::acquire_and_wa
             : std::vector<std::string>{"EVAL", acquire_.source, "1", key, token, millis(ttl)};
     std::vector<std::string> wait{"WAIT", std::to_string(options_.wait_replicas),
                                   std::to_string(timeout)};
-    auto replies =
-        co_await client.execute_then(key, std::move(argv), std::move(wait), undo_of(key, token));
+    std::vector<Command> pair{std::move(argv), std::move(wait)};
+    auto replies = co_await client.execute(key, std::move(pair), undo_of(key, token));
     if (!replies) co_return Result(boost::system::in_place_error, replies.error());
-    const Reply& taken = replies->first;
+    const Reply& taken = (*replies)[0];
     if (set_nx_get_ && taken.is_error() && taken.str.find("syntax") != std::string::npos) {
       set_nx_get_ = false;  // Redis < 7.0: NX and GET together are a syntax error there
       continue;
     }
     if (taken.kind == Reply::Kind::string) co_return core::Acquired{false, taken.str};
     if (!taken.is_nil()) break;
-    const Reply& acks = replies->second;
+    const Reply& acks = (*replies)[1];
     if (acks.kind == Reply::Kind::integer && acks.integer >= options_.wait_replicas) {
       co_return core::Acquired{true, {}};
     }

@@ -135,7 +135,7 @@ BOOST_AUTO_TEST_CASE(an_acl_user_limited_to_the_lock_keys_runs_the_lock) {
   as_user.username = user;
   as_user.password = "acl-secret";
   RedisConnection connection{io.get_executor(), as_user};
-  idemgate::storage::redis::SingleServerClient client{connection};
+  idemgate::storage::redis::RedisClient client{connection};
   idemgate::storage::redis::RedisLock lock{client};
   run([](RedisConnection* c, idemgate::storage::redis::RedisLock* l) -> asio::awaitable<void> {
     idemgate::core::Sha256 id{};

@@ -14,10 +14,10 @@
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
 using idemgate::core::store_errc;
+using idemgate::storage::redis::RedisClient;
 using idemgate::storage::redis::RedisConnection;
 using idemgate::storage::redis::RedisLock;
 using idemgate::storage::redis::Reply;
-using idemgate::storage::redis::SingleServerClient;
 using idemgate::test::reply_of;
 using idemgate::test::lock_service_contract::expect;
 using idemgate::test::lock_service_contract::random_id;
@@ -32,7 +32,7 @@ namespace {
 struct RedisLockFixture {
   asio::io_context io;
   RedisConnection connection{io.get_executor(), idemgate::test::redis_options_from_env()};
-  SingleServerClient client{connection};
+  RedisClient client{connection};
   RedisLock redis_lock{client};
 
   idemgate::core::LockService& lock() { return redis_lock; }
@@ -127,7 +127,7 @@ BOOST_FIXTURE_TEST_CASE(spec_C25_operation_past_timeout_is_timed_out_and_next_ca
   // this and the call would then succeed, which fails the case instead of hanging it.
   static constexpr auto kPause = 60s;
   RedisConnection connection{io.get_executor(), options_with_timeout(kTimeout)};
-  SingleServerClient client{connection};
+  RedisClient client{connection};
   RedisLock lock{client};
   idemgate::test::run_one(
       io, [](SideFixture* f, RedisConnection* conn, RedisLock* l) -> asio::awaitable<void> {
@@ -147,7 +147,9 @@ BOOST_FIXTURE_TEST_CASE(spec_C25_operation_past_timeout_is_timed_out_and_next_ca
         BOOST_CHECK(elapsed >= kTimeout);  // the deadline was not cut short
 
         co_await expect(l->try_acquire(random_id(), "owner-a", 30s), true, "acquire after unpause");
-        BOOST_CHECK_EQUAL(conn->connect_count(), 2u);
+        // Reconnected by itself (the timed-out acquire's undo opens a connection at once, and
+        // opens another should that one meet the pause too).
+        BOOST_CHECK_GE(conn->connect_count(), 2u);
       }(this, &connection, &lock));
 }
 
@@ -158,7 +160,7 @@ BOOST_FIXTURE_TEST_CASE(spec_C25_every_command_in_flight_on_a_timed_out_connecti
                         SideFixture) {
   constexpr int kInFlight = 5;
   RedisConnection connection{io.get_executor(), options_with_timeout(200ms)};
-  SingleServerClient client{connection};
+  RedisClient client{connection};
   RedisLock lock{client};
   idemgate::test::run_one(io, [](SideFixture* f) -> asio::awaitable<void> {
     co_await require_ok(f->side.command("CLIENT", "PAUSE", "20000", "WRITE"));
@@ -203,7 +205,7 @@ BOOST_FIXTURE_TEST_CASE(spec_C25_every_command_in_flight_on_a_timed_out_connecti
 // SPEC C25: a connection the server dropped is replaced by the next calls, with no restart.
 BOOST_FIXTURE_TEST_CASE(spec_C25_reconnects_after_the_server_killed_the_connection, SideFixture) {
   RedisConnection connection{io.get_executor(), options_with_timeout(5s)};
-  SingleServerClient client{connection};
+  RedisClient client{connection};
   RedisLock lock{client};
   idemgate::test::run_one(
       io, [](SideFixture* f, RedisConnection* conn, RedisLock* l) -> asio::awaitable<void> {
@@ -239,7 +241,7 @@ BOOST_AUTO_TEST_CASE(spec_C25_nothing_listening_is_unavailable_before_the_deadli
   options.port = placeholder.local_endpoint().port();
   options.operation_timeout = 60s;
   RedisConnection connection{io.get_executor(), options};
-  SingleServerClient client{connection};
+  RedisClient client{connection};
   RedisLock lock{client};
   idemgate::test::run_one(io, [](RedisConnection* conn, RedisLock* l) -> asio::awaitable<void> {
     for (int attempt = 1; attempt <= 2; ++attempt) {
