@@ -98,10 +98,13 @@ struct SentinelLockFixture : LockFixture {
   SentinelLockFixture() : LockFixture(sentinel_topology().redis_options()) {}
 
   /// The primary holds every key.
-  void signal_owner(const std::string& key, int signo) {
+  void freeze_owner(const std::string& key) {
     (void)key;
-    sentinel_topology().signal_node(sentinel_topology().primary_port(), signo);
+    frozen = sentinel_topology().primary_port();
+    sentinel_topology().signal_node(frozen, SIGSTOP);
   }
+  void thaw_owner() { sentinel_topology().signal_node(frozen, SIGCONT); }
+  std::uint16_t frozen = 0;
   long long set_calls(const std::string& key) {
     (void)key;
     return set_calls_in(sentinel_topology().node_command(sentinel_topology().primary_port(),
@@ -118,9 +121,12 @@ struct ClusterLockFixture : LockFixture {
     return o;
   }
 
-  void signal_owner(const std::string& key, int signo) {
-    cluster_topology().signal(cluster_topology().owner(key_slot(key)), signo);
+  void freeze_owner(const std::string& key) {
+    frozen = cluster_topology().owner(key_slot(key));  // asked before: it may be node 0 itself
+    cluster_topology().signal(frozen, SIGSTOP);
   }
+  void thaw_owner() { cluster_topology().signal(frozen, SIGCONT); }
+  std::size_t frozen = 0;
   long long set_calls(const std::string& key) {
     const auto node = cluster_topology().owner(key_slot(key));
     return set_calls_in(cluster_topology().command(node, {"INFO", "commandstats"}));
@@ -143,16 +149,15 @@ void lost_acquire_is_undone_before_the_next_command(Fixture& f) {
   }(&f, key));
 
   const auto before = f.set_calls(key);
-  f.signal_owner(key, SIGSTOP);
+  f.freeze_owner(key);
   struct Thaw {
     Fixture& f;
-    std::string key;
     bool frozen = true;
     void operator()() {
-      if (std::exchange(frozen, false)) f.signal_owner(key, SIGCONT);
+      if (std::exchange(frozen, false)) f.thaw_owner();
     }
     ~Thaw() { (*this)(); }
-  } thaw{f, key};
+  } thaw{f};
 
   f.run([](Fixture* fx, idemgate::core::Sha256 lock_id) -> asio::awaitable<void> {
     const auto lost = co_await fx->redis_lock.acquire(lock_id, "owner-lost", 30s);
