@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "gateway/core/replay_marker.hpp"
 #include "tests/e2e/gateway_fixture.hpp"
 #include "tests/fault/local_stores.hpp"
 #include "tests/ops/metric_text.hpp"
@@ -1016,4 +1017,43 @@ BOOST_AUTO_TEST_CASE(spec_C46_each_instance_counts_and_logs_the_switch_to_the_ne
   }
   std::cout << "figures scenario=C46_failover_counted_once from=" << from << " to=" << to << " "
             << summary(kinds) << std::endl;
+}
+
+// The `keys` CLI runs the gateway's own Sentinel client: it finds the primary through the
+// sentinels, shows the record with its committed marker, and purge deletes both, after which the
+// key executes again.
+BOOST_AUTO_TEST_CASE(keys_show_and_purge_reach_the_primary_the_sentinels_name) {
+  SentinelTopology topology;
+  PaymentService payments;
+  Gateway gateway(sentinel_config(topology, payments, "cli.test"), 1);
+  const std::string key = unique_name("c41-cli");
+  const HttpRequest request = payment_post("cli.test", key);
+  const std::string lock = lock_key(record_id_hex("c41-cli", key));
+
+  const Timed first = send_timed(gateway, request, 0);
+  BOOST_TEST_REQUIRE(executed(first.response), first.error << gateway.explain(first.response));
+  BOOST_TEST_REQUIRE(eventually([&] {
+    const RedisValue held = topology.node_command(topology.primary_port(), {"GET", lock});
+    return held.kind == RedisValue::Kind::string && idemgate::core::is_replay_marker(held.str);
+  }));
+
+  const auto shown =
+      run_keys(gateway.config_path(), gateway.dir(), {"show", "--route", "c41-cli", key});
+  BOOST_TEST(shown.status == 0, shown.err);
+  BOOST_TEST(shown.out.find("status 201\n") != std::string::npos, shown.out);
+  BOOST_TEST(shown.out.find("replay_marker present\n") != std::string::npos, shown.out);
+
+  const auto purged =
+      run_keys(gateway.config_path(), gateway.dir(), {"purge", "--route", "c41-cli", key});
+  BOOST_TEST(purged.status == 0, purged.err);
+  BOOST_TEST(purged.out.find("deleted record ") != std::string::npos, purged.out);
+  BOOST_TEST(purged.out.find("deleted replay marker " + lock) != std::string::npos, purged.out);
+  BOOST_TEST(topology.node_command(topology.primary_port(), {"EXISTS", lock}).integer == 0);
+  const auto gone =
+      run_keys(gateway.config_path(), gateway.dir(), {"show", "--route", "c41-cli", key});
+  BOOST_TEST(gone.status == 1);
+  BOOST_TEST(gone.out == "not found\n");
+
+  const Timed again = send_timed(gateway, request, 0);
+  BOOST_TEST(executed(again.response), again.error << gateway.explain(again.response));
 }
