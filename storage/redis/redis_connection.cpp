@@ -396,8 +396,7 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
   static Session& of(const void* p) { return *static_cast<Session*>(const_cast<void*>(p)); }
 
   static void on_reply(redisAsyncContext* ac, void* reply, void* privdata) {
-    std::unique_ptr<std::shared_ptr<Op>> holder(
-        static_cast<std::shared_ptr<Op>*>(privdata));
+    std::unique_ptr<std::shared_ptr<Op>> holder(static_cast<std::shared_ptr<Op>*>(privdata));
     auto op = *holder;
     auto& s = of(ac->data);
     if (reply == nullptr) {
@@ -409,7 +408,7 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
       // Its caller is gone and will never release what the call may have taken: undo it now,
       // behind it on the same connection. Lost in turn, the undo is kept like any other.
       auto undo = std::make_shared<Op>(op->deadline.get_executor(),
-                                              std::vector<Command>{op->undo.command}, op->undo);
+                                       std::vector<Command>{op->undo.command()}, op->undo);
       s.submit_internal(std::move(undo));
     }
   }
@@ -554,7 +553,7 @@ void RedisConnection::State::on_ready(Session& s) {
   }
   kills = kills_sent;  // the rest need no kill
   for (const auto& kept : undos) {
-    commands.push_back(kept.undo.command);
+    commands.push_back(kept.undo.command());
     sent.push_back(kept.seq);
   }
   auto op = std::make_shared<Op>(executor, std::move(commands), Undo{});

@@ -46,18 +46,25 @@ Reply copy_reply(const redisReply& reply);
 /// One command as its binary-safe arguments: `{"SET", key, value}`.
 using Command = std::vector<std::string>;
 
-/// What undoes a lock command whose reply was lost (SPEC C25): a command that deletes the
-/// caller's own token only (compare-and-delete), so it may run any number of times, at any
-/// later moment, without touching anyone else's lock.
+/// What undoes a lock command whose reply was lost (SPEC C25): a script on one key with one
+/// argument, the lock's compare-and-delete of its own token, so it may run any number of times,
+/// at any later moment, without touching anyone else's lock. The command (`EVAL script 1 key
+/// arg`) is built only when it has to run: a call carries just the key and the token.
 struct Undo {
   // Not an aggregate: GCC 12 mishandles an aggregate temporary passed to a coroutine by value.
   Undo() = default;
-  Undo(std::string k, Command c) : key(std::move(k)), command(std::move(c)) {}
+  /// `script` must outlive every connection (a string literal).
+  Undo(std::string_view lua, std::string on_key, std::string argument)
+      : script(lua), key(std::move(on_key)), arg(std::move(argument)) {}
 
-  std::string key;  ///< the one key `command` touches (a cluster routes on it)
-  Command command;  ///< empty: nothing to undo
+  std::string_view script;  ///< empty: nothing to undo
+  std::string key;          ///< the one key the script touches (a cluster routes on it)
+  std::string arg;
 
-  explicit operator bool() const noexcept { return !command.empty(); }
+  explicit operator bool() const noexcept { return !script.empty(); }
+  /// `EVAL`, not `EVALSHA`: an undo runs on whatever server answers next, whose script cache
+  /// may be empty, and nothing would be there to load it again.
+  Command command() const { return {"EVAL", std::string(script), "1", key, arg}; }
 };
 
 /// A Redis connection for one io thread: a single hiredis async context, opened lazily by the

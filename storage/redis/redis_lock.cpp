@@ -177,10 +177,8 @@ asio::awaitable<boost::system::result<bool>> RedisLock::replace(core::Sha256 id,
   co_return co_await run(&replace_, std::move(key), std::move(args), std::move(undo));
 }
 
-Undo RedisLock::undo_of(const std::string& key, const std::string& token) const {
-  // EVAL, not EVALSHA: an undo runs on whatever server answers next, whose script cache may be
-  // empty, and nothing would be there to load it again.
-  return Undo{key, {"EVAL", release_.source, "1", key, token}};
+Undo RedisLock::undo_of(const std::string& key, const std::string& token) {
+  return Undo{kReleaseScript, key, token};
 }
 
 asio::awaitable<boost::system::result<Reply>> RedisLock::eval(const Script* script, std::string key,

@@ -83,7 +83,7 @@ class RedisLock final : public core::LockService {
                                                           std::vector<std::string> args, Undo undo);
 
   /// The compare-and-delete of `token` on `key`, for a lock command whose reply may be lost.
-  Undo undo_of(const std::string& key, const std::string& token) const;
+  static Undo undo_of(const std::string& key, const std::string& token);
 
   /// acquire() with wait_replicas: the write and `WAIT` back-to-back on one connection; too few
   /// acknowledgements release the lock again and fail as unavailable.
