@@ -135,6 +135,8 @@ int main(int argc, char** argv) {
         return kExitUsage;
       }
       const auto config = idemgate::config::load_config(path);
+      // The store clients log through the logger (C32): JSON lines on stderr, never on stdout.
+      idemgate::setup_logging();
       idemgate::admin::KeysRequest request;
       request.action = command[1] == "show" ? idemgate::admin::KeysRequest::Action::show
                                             : idemgate::admin::KeysRequest::Action::purge;

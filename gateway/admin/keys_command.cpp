@@ -1,7 +1,5 @@
 #include "gateway/admin/keys_command.hpp"
 
-#include <libpq-fe.h>
-
 #include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
@@ -18,29 +16,15 @@
 #include "gateway/core/fingerprint.hpp"
 #include "gateway/core/idempotency_key.hpp"
 #include "gateway/core/replay_marker.hpp"
+#include "gateway/http/json_log.hpp"
 #include "gateway/request_identity.hpp"
+#include "storage/pg/pg_pool.hpp"
+#include "storage/pg/pg_record_store.hpp"
 #include "storage/redis/redis_client.hpp"
 #include "storage/redis/redis_lock.hpp"
 
 namespace idemgate::admin {
 namespace {
-
-struct PgDeleter {
-  void operator()(PGconn* c) const { PQfinish(c); }
-};
-struct PgResultDeleter {
-  void operator()(PGresult* r) const { PQclear(r); }
-};
-using PgPtr = std::unique_ptr<PGconn, PgDeleter>;
-using ResultPtr = std::unique_ptr<PGresult, PgResultDeleter>;
-
-constexpr const char* kShow =
-    "SELECT route, status,"
-    " to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),"
-    " to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"'),"
-    " encode(fingerprint, 'hex'), octet_length(body), body_omitted"
-    " FROM idempotency_record WHERE id = $1 AND expires_at > now()";
-constexpr const char* kPurge = "DELETE FROM idempotency_record WHERE id = $1";
 
 // An RFC 6901 reference token, unescaped (~1 → /, ~0 → ~).
 std::string unescape_token(std::string_view token) {
@@ -122,25 +106,6 @@ bool split_field(const std::string& text, std::string& name, std::string& value)
   return true;
 }
 
-PgPtr connect_pg(const std::string& dsn, std::ostream& err) {
-  const char* keys[] = {"dbname", "connect_timeout", nullptr};
-  const char* values[] = {dsn.c_str(), "5", nullptr};
-  PgPtr conn(PQconnectdbParams(keys, values, 1));
-  if (!conn || PQstatus(conn.get()) != CONNECTION_OK) {
-    err << "idemgate keys: cannot connect to Postgres: "
-        << (conn ? PQerrorMessage(conn.get()) : "out of memory") << "\n";
-    return nullptr;
-  }
-  return conn;
-}
-
-ResultPtr exec_with_id(PGconn* conn, const char* sql, const core::Sha256& id) {
-  const char* values[] = {reinterpret_cast<const char*>(id.data())};
-  const int lengths[] = {static_cast<int>(id.size())};
-  const int formats[] = {1};
-  return ResultPtr(PQexecParams(conn, sql, 1, nullptr, values, lengths, formats, 0));
-}
-
 /// Runs `body` to its end on `io`, the CLI's own event loop (the product's Redis client runs on
 /// it as on an io thread), and returns its value.
 template <class T>
@@ -161,21 +126,46 @@ T run_on(boost::asio::io_context& io, boost::asio::awaitable<T> body) {
   return std::move(*out);
 }
 
-/// The lock key's server through the gateway's own Redis client: the single server, the
-/// primary the sentinels name (SPEC C41) or the cluster node owning the key's slot, following
-/// MOVED and ASK (SPEC C42).
-class LockKeyStore {
- public:
-  explicit LockKeyStore(const config::Redis& options)
-      : client_(
-            storage::redis::make_redis_client(io_.get_executor(), cli_options(options), nullptr)) {}
+/// An operator's one-off command, not the request path: a slow store gets a moment more.
+config::Duration cli_timeout(config::Duration timeout) {
+  return std::max(timeout, config::Duration(std::chrono::seconds(2)));
+}
 
-  /// The reply to `command` on `key`'s server; nullopt (with the reason on `err`) when the
-  /// store failed or answered an error.
-  std::optional<storage::redis::Reply> run(const std::string& key, storage::redis::Command command,
-                                           std::ostream& err) {
+/// The gateway's own stores, driven by the CLI's io_context: the record store on a pool of one
+/// connection (the gateway's DSN, statement mode and failover, SPEC C43, C44), and the Redis
+/// client reaching the lock key's server as the gateway does: the single server, the primary
+/// the sentinels name (SPEC C41) or the cluster node owning the key's slot, following MOVED and
+/// ASK (SPEC C42). Each call reports a failure on `err` and returns nullopt.
+class KeyStores {
+ public:
+  explicit KeyStores(const config::Storage& storage)
+      : pool_(io_.get_executor(), pool_options(storage.postgres)),
+        records_(pool_),
+        redis_(storage::redis::make_redis_client(io_.get_executor(), redis_options(storage.redis),
+                                                 nullptr)) {}
+
+  /// The live record with this id (nullopt inside: none).
+  std::optional<std::optional<core::StoredRecord>> find(const core::Sha256& id, std::ostream& err) {
+    auto found = run_on(io_, records_.find(id));
+    if (found) return std::move(*found);
+    postgres_failed("SELECT", found.error(), err);
+    return std::nullopt;
+  }
+
+  /// Deletes the record with this id, live or expired: whether there was one.
+  std::optional<bool> purge(const core::Sha256& id, std::ostream& err) {
+    auto purged = run_on(io_, records_.purge(id));
+    if (purged) return *purged;
+    postgres_failed("DELETE", purged.error(), err);
+    return std::nullopt;
+  }
+
+  /// The reply to `command` on `key`'s server; nullopt when the store failed or answered an
+  /// error.
+  std::optional<storage::redis::Reply> redis(const std::string& key,
+                                             storage::redis::Command command, std::ostream& err) {
     const std::string name = command.front();
-    auto reply = run_on(io_, client_->execute(key, std::move(command)));
+    auto reply = run_on(io_, redis_->execute(key, std::move(command)));
     if (reply && !reply->is_error()) return std::move(*reply);
     err << "idemgate keys: Redis " << name << " failed: ";
     if (reply) {
@@ -183,21 +173,36 @@ class LockKeyStore {
       return std::nullopt;
     }
     // The probe says what is wrong in the operator's terms (which sentinel, which node).
-    const std::string why = run_on(io_, client_->probe());
+    const std::string why = run_on(io_, redis_->probe());
     err << (why.empty() ? reply.error().message() : why) << "\n";
     return std::nullopt;
   }
 
  private:
-  static config::Redis cli_options(config::Redis options) {
-    // An operator's one-off command, not the request path: a slow store gets a moment more.
-    options.operation_timeout =
-        std::max(options.operation_timeout, config::Duration(std::chrono::seconds(2)));
+  static storage::pg::PgPool::Options pool_options(const config::Postgres& postgres) {
+    storage::pg::PgPool::Options options;
+    options.dsn = postgres.dsn;
+    options.max_connections = 1;
+    options.operation_timeout = cli_timeout(postgres.operation_timeout);
+    options.prepared_statements = postgres.prepared_statements;
     return options;
   }
 
-  boost::asio::io_context io_;  // before the client, which must go first
-  std::unique_ptr<storage::redis::RedisClient> client_;
+  static config::Redis redis_options(config::Redis options) {
+    options.operation_timeout = cli_timeout(options.operation_timeout);
+    return options;
+  }
+
+  // libpq's own words were logged by the connection (JSON lines on stderr).
+  static void postgres_failed(const char* what, const boost::system::error_code& error,
+                              std::ostream& err) {
+    err << "idemgate keys: Postgres " << what << " failed: " << error.message() << "\n";
+  }
+
+  boost::asio::io_context io_;  // before the stores, which must go first
+  storage::pg::PgPool pool_;
+  storage::pg::PgRecordStore records_;
+  std::unique_ptr<storage::redis::RedisClient> redis_;
 };
 
 }  // namespace
@@ -234,57 +239,48 @@ int run_keys(const config::Config& config, const KeysRequest& request, std::ostr
   const core::Sha256 id = core::record_id(request_scope(*route, scope_fields), key.key);
   const std::string lock_key = storage::redis::RedisLock::key_of(id);
 
-  const PgPtr pg = connect_pg(config.storage.postgres.dsn, err);
-  if (!pg) return kKeysNotFound;
-  LockKeyStore redis(config.storage.redis);
+  KeyStores stores(config.storage);
   // The lock key holds an owner token while a request is in flight, and the committed marker
   // (C23) once its record is committed.
-  const auto got = redis.run(lock_key, {"GET", lock_key}, err);
+  const auto got = stores.redis(lock_key, {"GET", lock_key}, err);
   if (!got) return kKeysNotFound;
   const std::string value = got->kind == storage::redis::Reply::Kind::string ? got->str : "";
 
   if (request.action == KeysRequest::Action::show) {
-    const ResultPtr rows = exec_with_id(pg.get(), kShow, id);
-    if (PQresultStatus(rows.get()) != PGRES_TUPLES_OK) {
-      err << "idemgate keys: " << PQerrorMessage(pg.get());
-      return kKeysNotFound;
-    }
+    const auto found = stores.find(id, err);
+    if (!found) return kKeysNotFound;
     const bool marker = core::is_replay_marker(value);
     const bool held = !value.empty() && !marker;
-    if (PQntuples(rows.get()) == 0) {
+    if (!found->has_value()) {
       out << "not found\n";
       if (held) out << "lock held (a request with this key is in flight)\n";
       if (marker) out << "replay_marker present (it answers for the key until it expires)\n";
       return kKeysNotFound;
     }
-    auto col = [&](int c) { return std::string(PQgetvalue(rows.get(), 0, c)); };
+    const core::StoredRecord& record = **found;
     out << "id " << core::to_hex(id) << "\n"
-        << "route " << col(0) << "\n"
-        << "status " << col(1) << "\n"
-        << "created " << col(2) << "\n"
-        << "expires " << col(3) << "\n"
-        << "fingerprint " << col(4) << "\n"
-        << "body_size " << col(5) << "\n"
-        << "body_omitted " << (col(6) == "t" ? "true" : "false") << "\n"
+        << "route " << record.route << "\n"
+        << "status " << record.response.status << "\n"
+        << "created " << http::format_rfc3339(record.created_at) << "\n"
+        << "expires " << http::format_rfc3339(record.expires_at) << "\n"
+        << "fingerprint " << core::to_hex(record.fingerprint) << "\n"
+        << "body_size " << record.response.body.size() << "\n"
+        << "body_omitted " << (record.response.body_omitted ? "true" : "false") << "\n"
         << "lock " << (held ? "held" : "free") << "\n"
         << "replay_marker " << (marker ? "present" : "absent") << "\n";
     return kKeysFound;
   }
 
-  const ResultPtr deleted = exec_with_id(pg.get(), kPurge, id);
-  if (PQresultStatus(deleted.get()) != PGRES_COMMAND_OK) {
-    err << "idemgate keys: " << PQerrorMessage(pg.get());
-    return kKeysNotFound;
-  }
-  const bool record_deleted = std::string_view(PQcmdTuples(deleted.get())) != "0";
-  const auto del = redis.run(lock_key, {"DEL", lock_key}, err);
+  const auto record_deleted = stores.purge(id, err);
+  if (!record_deleted) return kKeysNotFound;
+  const auto del = stores.redis(lock_key, {"DEL", lock_key}, err);
   if (!del) return kKeysNotFound;
   const long long locks_deleted = del->integer;
-  if (!record_deleted && locks_deleted == 0) {
+  if (!*record_deleted && locks_deleted == 0) {
     out << "not found\n";
     return kKeysNotFound;
   }
-  if (record_deleted) out << "deleted record " << core::to_hex(id) << "\n";
+  if (*record_deleted) out << "deleted record " << core::to_hex(id) << "\n";
   if (locks_deleted > 0) {
     out << (core::is_replay_marker(value) ? "deleted replay marker " : "deleted lock ") << lock_key
         << "\n";

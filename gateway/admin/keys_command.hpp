@@ -40,7 +40,9 @@ inline constexpr int kKeysBadArguments = 2;
 ///   committed marker), printing what it deleted → 0; neither existed → "not found" → 1. A request
 ///   still in flight for the key is not stopped: it commits its record when it finishes.
 /// Unknown route, a route without idempotency or an invalid key → message on `err`, 2. A store
-/// error → message on `err`, 1. Blocking libpq and hiredis calls: for the CLI only.
+/// error → message on `err`, 1. Runs the gateway's own record store and Redis client on an
+/// io_context of its own until each answer is in (blocking: for the CLI only); their log lines go
+/// to the default logger.
 int run_keys(const config::Config& config, const KeysRequest& request, std::ostream& out,
              std::ostream& err);
 

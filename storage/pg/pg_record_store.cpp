@@ -36,6 +36,8 @@ constexpr Statement kInsert{
     " WHERE r.expires_at <= now()"
     " RETURNING created_at, expires_at"};
 
+constexpr Statement kPurge{"idemgate_purge_record", "DELETE FROM idempotency_record WHERE id = $1"};
+
 // The batch is picked once (a MATERIALIZED CTE): an IN (subquery … LIMIT) may be rescanned per
 // outer row and then deletes more than the batch. SKIP LOCKED leaves rows an insert is
 // replacing right now for the next round; the outer expires_at check keeps a row that was
@@ -183,6 +185,16 @@ asio::awaitable<boost::system::result<core::InsertResult>> PgRecordStore::insert
   }
   spdlog::warn("postgres: insert kept losing races for one idempotency_record id");
   co_return store_errc::conflict;
+}
+
+asio::awaitable<boost::system::result<bool>> PgRecordStore::purge(core::Sha256 id) {
+  std::vector<Param> params;
+  params.push_back(Param::bytes(bytes_of(id)));
+  auto deleted = co_await pool_.execute(kPurge, std::move(params));
+  // In place: an error_code also converts to bool.
+  if (!deleted)
+    co_return boost::system::result<bool>(boost::system::in_place_error, deleted.error());
+  co_return deleted->affected_rows() > 0;
 }
 
 asio::awaitable<boost::system::result<std::int64_t>> PgRecordStore::delete_expired(int batch) {

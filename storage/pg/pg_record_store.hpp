@@ -59,6 +59,11 @@ class PgRecordStore final : public core::RecordStore {
   boost::asio::awaitable<boost::system::result<core::InsertResult>> insert(
       core::StoredRecord record, std::chrono::milliseconds ttl) override;
 
+  /// `DELETE … WHERE id = $1`: removes the record with this id, live or expired (an operator's
+  /// purge, `idemgate keys purge`); true when there was one. A request in flight for the id is
+  /// not affected and may insert its record afterwards. Idempotent.
+  boost::asio::awaitable<boost::system::result<bool>> purge(core::Sha256 id);
+
   /// Deletes up to `batch` expired rows (rows locked by a concurrent writer are skipped) and
   /// returns how many it deleted, so a cleaner can repeat until it gets fewer than `batch`
   /// without holding long locks (C24). Idempotent.

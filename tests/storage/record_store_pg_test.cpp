@@ -461,6 +461,31 @@ BOOST_AUTO_TEST_CASE(spec_C24_delete_expired_removes_only_expired_rows_in_batche
   }
 }
 
+BOOST_AUTO_TEST_CASE(purge_deletes_a_live_or_expired_record_and_reports_whether_there_was_one) {
+  PgBackend backend;
+  const auto live = sample_record("purge-live");
+  const auto expired = sample_record("purge-expired");
+  const auto other = sample_record("purge-other");
+  for (const auto* record : {&live, &other}) {
+    auto inserted = backend.run(backend.store().insert(*record, kLongTtl));
+    BOOST_TEST_REQUIRE(inserted.has_value(), inserted.error().message());
+  }
+  auto inserted = backend.run(backend.store().insert(expired, 1ms));
+  BOOST_TEST_REQUIRE(inserted.has_value(), inserted.error().message());
+  backend.run(backend.wait_until_expired(expired.id));
+
+  for (const auto* record : {&live, &expired}) {
+    auto purged = backend.run(backend.records.purge(record->id));
+    BOOST_TEST_REQUIRE(purged.has_value(), purged.error().message());
+    BOOST_TEST(*purged);
+    BOOST_TEST(!backend.row_exists(record->id));
+    auto again = backend.run(backend.records.purge(record->id));
+    BOOST_TEST_REQUIRE(again.has_value(), again.error().message());
+    BOOST_TEST(!*again);
+  }
+  BOOST_TEST(backend.row_exists(other.id));  // only the id named is deleted
+}
+
 BOOST_AUTO_TEST_CASE(migrations_applied_twice_apply_nothing_the_second_time) {
   ScratchSchema schema;
   const auto count = static_cast<int>(idemgate::storage::pg::embedded_migrations().size());
