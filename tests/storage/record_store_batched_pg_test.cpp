@@ -5,7 +5,6 @@
 #define BOOST_TEST_MODULE record_store_batched_pg
 #include <libpq-fe.h>
 
-#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
@@ -64,28 +63,7 @@ struct PgBatchedBackend {
   /// Starts every insert at once on this thread and runs them all to completion.
   std::vector<boost::system::result<core::InsertResult>> insert_together(
       const std::vector<core::StoredRecord>& batch, std::chrono::milliseconds ttl) {
-    std::vector<std::optional<boost::system::result<core::InsertResult>>> outcomes(batch.size());
-    std::exception_ptr failure;
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      asio::co_spawn(io, records.insert(batch[i], ttl),
-                     [&outcomes, &failure, i](std::exception_ptr e,
-                                              boost::system::result<core::InsertResult> r) {
-                       if (e) {
-                         failure = e;
-                       } else {
-                         outcomes[i].emplace(std::move(r));
-                       }
-                     });
-    }
-    io.restart();
-    io.run();
-    if (failure) std::rethrow_exception(failure);
-    std::vector<boost::system::result<core::InsertResult>> results;
-    for (auto& outcome : outcomes) {
-      if (!outcome) throw std::logic_error("insert did not complete");
-      results.push_back(std::move(*outcome));
-    }
-    return results;
+    return testing::insert_together(io, records, batch, ttl);
   }
 
   asio::io_context io;

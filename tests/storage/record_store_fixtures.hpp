@@ -1,6 +1,7 @@
 #pragma once
-// Helpers shared by the RecordStore test suites: running a coroutine to completion, ids, sample
-// records whose bytes exercise the store, and a field-by-field comparison.
+// Helpers shared by the RecordStore test suites: running a coroutine (or inserts at once) to
+// completion, ids, sample records whose bytes exercise the store, and a field-by-field
+// comparison.
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -11,6 +12,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "gateway/core/hash.hpp"
 #include "gateway/core/record_store.hpp"
@@ -47,6 +49,35 @@ inline void run_to_completion(boost::asio::io_context& io, boost::asio::awaitabl
   io.run();
   if (failure) std::rethrow_exception(failure);
   if (!done) throw std::logic_error("operation did not complete");
+}
+
+/// Starts every insert of `batch` at once on `io` (with group commit they share statements) and
+/// runs them all to completion; the results in the order of `batch`.
+inline std::vector<boost::system::result<core::InsertResult>> insert_together(
+    boost::asio::io_context& io, core::RecordStore& store,
+    const std::vector<core::StoredRecord>& batch, std::chrono::milliseconds ttl) {
+  std::vector<std::optional<boost::system::result<core::InsertResult>>> outcomes(batch.size());
+  std::exception_ptr failure;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    boost::asio::co_spawn(io, store.insert(batch[i], ttl),
+                          [&outcomes, &failure, i](std::exception_ptr e,
+                                                   boost::system::result<core::InsertResult> r) {
+                            if (e) {
+                              failure = e;
+                            } else {
+                              outcomes[i].emplace(std::move(r));
+                            }
+                          });
+  }
+  io.restart();
+  io.run();
+  if (failure) std::rethrow_exception(failure);
+  std::vector<boost::system::result<core::InsertResult>> results;
+  for (auto& outcome : outcomes) {
+    if (!outcome) throw std::logic_error("insert did not complete");
+    results.push_back(std::move(*outcome));
+  }
+  return results;
 }
 
 /// A fresh random record id.
