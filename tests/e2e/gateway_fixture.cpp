@@ -50,8 +50,7 @@ using tcp = asio::ip::tcp;
 constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
 
 // Neither binary offers an event for "listening" or "counter reached" other than its output
-// or an HTTP answer: poll at this interval.
-constexpr auto kPollInterval = std::chrono::milliseconds(10);
+// or an HTTP answer: they are polled at kPollInterval (tests/support/polling.hpp).
 
 std::string yaml_quoted(std::string_view s) {
   std::string out = "\"";
@@ -194,15 +193,6 @@ CliResult run_keys(const std::string& config_path, const std::filesystem::path& 
   result.out = read_text_file(o.stdout_path);
   result.err = read_text_file(o.stderr_path);
   return result;
-}
-
-bool eventually(const std::function<bool()>& condition) {
-  const auto deadline = std::chrono::steady_clock::now() + kEventDeadline;
-  while (!condition()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(kPollInterval);
-  }
-  return true;
 }
 
 std::optional<std::uint16_t> logged_port(const std::string& stderr_path, const std::string& msg) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tests/support/http_client.hpp"
+#include "tests/support/polling.hpp"
 #include "tests/support/process.hpp"
 
 struct redisContext;  // hiredis
@@ -31,13 +32,9 @@ namespace idemgate::test::e2e {
 /// The loopback address every process here listens on.
 inline const std::string kLoopback = "127.0.0.1";
 
-/// How long the fixture waits for an event (a process listening, a request arriving) before it
-/// fails: a safety net against hangs, not a measured threshold.
-inline constexpr std::chrono::seconds kEventDeadline{30};
-
-/// Polls `condition` until it holds (true) or kEventDeadline passes (false). For state that
-/// offers no event to wait on (a row in Postgres, a key in Redis, a backend's wait state).
-bool eventually(const std::function<bool()>& condition);
+// The fixture's safety deadline and its poll (tests/support/polling.hpp).
+using test::eventually;
+using test::kEventDeadline;
 
 /// `prefix-<random per run>-<counter>`: unique across runs and within one, so that tests
 /// sharing a database never meet each other's keys or payments. Thread-safe.

@@ -20,6 +20,7 @@
 
 #include "gateway/config/config.hpp"
 #include "storage/redis/redis_connection.hpp"
+#include "tests/support/polling.hpp"
 
 namespace idemgate::test {
 
@@ -88,11 +89,12 @@ inline boost::asio::awaitable<void> sleep_for(boost::asio::any_io_executor execu
   co_await timer.async_wait(use_nothrow);
 }
 
-/// Polls `condition` on `executor` every few milliseconds until it holds (true) or a safety
-/// deadline of 30 s passes (false): for state a test cannot await as an event.
+/// Polls `condition` on `executor` every few milliseconds until it holds (true) or the safety
+/// deadline kEventDeadline passes (false): for state a test cannot await as an event. The
+/// coroutine form of tests/support/polling.hpp's eventually(), for a test on an io_context.
 inline boost::asio::awaitable<bool> eventually(boost::asio::any_io_executor executor,
                                                std::function<bool()> condition) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const auto deadline = std::chrono::steady_clock::now() + kEventDeadline;
   while (!condition()) {
     if (std::chrono::steady_clock::now() > deadline) co_return false;
     co_await sleep_for(executor, std::chrono::milliseconds(5));
