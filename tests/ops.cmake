@@ -1,12 +1,12 @@
 # Operations (SPEC §1 signals, §5, label `ops`): metrics without a network, then the real
 # binary's admin endpoints, reload, drain, `keys`, TLS on both sides (certificates made with the
 # openssl CLI at test time), readiness on private stores, and the compose file.
-add_library(idemgate_ops_support STATIC ops/metric_text.cpp ops/ops_support.cpp)
+add_library(idemgate_ops_support STATIC ops/ops_support.cpp)
 target_link_libraries(idemgate_ops_support PUBLIC idemgate_e2e_fixture OpenSSL::SSL)
 
 idemgate_test(metrics_test ops
-  SOURCES ops/metrics_test.cpp ops/metric_text.cpp
-  LIBS idemgate_app)
+  SOURCES ops/metrics_test.cpp
+  LIBS idemgate_app idemgate_test_support)
 
 foreach(suite ops_e2e_test ops_tls_e2e_test ops_readiness_e2e_test)
   idemgate_test(${suite} ops SOURCES ops/${suite}.cpp LIBS idemgate_ops_support)

@@ -15,15 +15,15 @@ idemgate_test(redis_lock_scale_test scale SOURCES scale/redis_lock_scale_test.cp
 # A Redis with an ACL user limited to the lock keys, restarted under keyed load: every reconnect
 # authenticates first. Postgres comes from scripts/local-stores (a private one, like fault).
 idemgate_test(redis_auth_scale_e2e_test scale
-  SOURCES scale/redis_auth_scale_e2e_test.cpp fault/local_stores.cpp
-  LIBS idemgate_e2e_fixture PkgConfig::HIREDIS)
+  SOURCES scale/redis_auth_scale_e2e_test.cpp
+  LIBS idemgate_test_load PkgConfig::HIREDIS)
 add_dependencies(redis_auth_scale_e2e_test idemgate payment-service)
 
 # The gateway over a real cluster: the idemgate and payment-service binaries, a private Postgres
 # (scripts/local-stores) and a cluster this binary starts and reshards under load.
 idemgate_test(redis_cluster_scale_e2e_test scale
-  SOURCES scale/redis_cluster_scale_e2e_test.cpp fault/local_stores.cpp
-  LIBS idemgate_e2e_fixture idemgate_test_redis_cluster idemgate_core)
+  SOURCES scale/redis_cluster_scale_e2e_test.cpp
+  LIBS idemgate_test_load idemgate_test_redis_cluster idemgate_core)
 # The test starts both binaries; build them with it.
 add_dependencies(redis_cluster_scale_e2e_test idemgate payment-service)
 
@@ -35,16 +35,16 @@ target_link_libraries(idemgate_test_redis_sentinel
 # The real gateway and payment service against a Sentinel deployment the test binary fails
 # over, plus a private Postgres (scripts/local-stores), so the suite needs no store variables.
 idemgate_test(redis_sentinel_scale_e2e_test scale
-  SOURCES scale/redis_sentinel_scale_e2e_test.cpp fault/local_stores.cpp
-  LIBS idemgate_test_redis_sentinel idemgate_ops_support PkgConfig::HIREDIS)
+  SOURCES scale/redis_sentinel_scale_e2e_test.cpp
+  LIBS idemgate_test_redis_sentinel idemgate_test_load PkgConfig::HIREDIS)
 # The test starts both binaries; build them with it.
 add_dependencies(redis_sentinel_scale_e2e_test idemgate payment-service)
 
 # Three gateways behind a real HAProxy (`mode tcp`, health check on /readyz, SPEC C45) on a
 # private Postgres and Redis (scripts/local-stores): the storm, a drain and a SIGKILL under load.
 idemgate_test(haproxy_scale_e2e_test scale
-  SOURCES scale/haproxy_scale_e2e_test.cpp scale/haproxy.cpp fault/local_stores.cpp
-  LIBS idemgate_e2e_fixture idemgate_ops_support)
+  SOURCES scale/haproxy_scale_e2e_test.cpp scale/haproxy.cpp
+  LIBS idemgate_test_load)
 # The test starts both binaries; build them with it.
 add_dependencies(haproxy_scale_e2e_test idemgate payment-service)
 
@@ -52,8 +52,8 @@ add_dependencies(haproxy_scale_e2e_test idemgate payment-service)
 # contract suite on a converted table, the cleaner per partition, the migration's own cases and
 # the gateway across a conversion, on a private Postgres and Redis (scripts/local-stores).
 idemgate_test(pg_partitions_scale_e2e_test scale
-  SOURCES scale/pg_partitions_scale_e2e_test.cpp fault/local_stores.cpp
-  LIBS idemgate_e2e_fixture idemgate_app)
+  SOURCES scale/pg_partitions_scale_e2e_test.cpp
+  LIBS idemgate_test_load idemgate_app)
 # The test starts both binaries; build them with it.
 add_dependencies(pg_partitions_scale_e2e_test idemgate payment-service)
 
@@ -61,8 +61,8 @@ add_dependencies(pg_partitions_scale_e2e_test idemgate payment-service)
 # SIGKILLs and promotes under keyed load (the gateway's DSN names both hosts); Redis and the
 # payment service's database come from scripts/local-stores.
 idemgate_test(pg_failover_scale_e2e_test scale
-  SOURCES scale/pg_failover_scale_e2e_test.cpp scale/pg_standby.cpp fault/local_stores.cpp
-  LIBS idemgate_e2e_fixture idemgate_ops_support PostgreSQL::PostgreSQL)
+  SOURCES scale/pg_failover_scale_e2e_test.cpp scale/pg_standby.cpp
+  LIBS idemgate_test_load PostgreSQL::PostgreSQL)
 # The test starts both binaries; build them with it.
 add_dependencies(pg_failover_scale_e2e_test idemgate payment-service)
 
@@ -73,8 +73,8 @@ add_library(idemgate_test_pgbouncer STATIC scale/pgbouncer.cpp)
 target_link_libraries(idemgate_test_pgbouncer
   PUBLIC idemgate_e2e_fixture PRIVATE PostgreSQL::PostgreSQL)
 idemgate_test(pgbouncer_scale_e2e_test scale
-  SOURCES scale/pgbouncer_scale_e2e_test.cpp fault/local_stores.cpp
-  LIBS idemgate_test_pgbouncer idemgate_ops_support idemgate_pg)
+  SOURCES scale/pgbouncer_scale_e2e_test.cpp
+  LIBS idemgate_test_pgbouncer idemgate_test_load idemgate_pg)
 # The test starts both binaries; build them with it.
 add_dependencies(pgbouncer_scale_e2e_test idemgate payment-service)
 

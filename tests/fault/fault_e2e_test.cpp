@@ -14,7 +14,6 @@
 #include <sys/time.h>
 
 #include <boost/beast/core/string.hpp>
-#include <boost/json/parse.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <functional>
@@ -23,7 +22,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -31,31 +29,20 @@
 
 #include "gateway/core/replay_marker.hpp"
 #include "tests/e2e/gateway_fixture.hpp"
-#include "tests/fault/local_stores.hpp"
-#include "tests/ops/metric_text.hpp"
+#include "tests/support/answers.hpp"
+#include "tests/support/local_stores.hpp"
+#include "tests/support/metric_text.hpp"
+#include "tests/support/scraping.hpp"
 #include "tests/support/spec_bounds.hpp"
 
 namespace {
 
-namespace json = boost::json;
 using namespace std::chrono_literals;
 using namespace idemgate::test;
 using namespace idemgate::test::e2e;
-using idemgate::test::fault::LocalStores;
-using Clock = std::chrono::steady_clock;
-
-// -------------------------------------------------------------------------------------------
-// Private stores for the whole binary: scenarios stop and start them.
-
-struct PrivateStores {
-  PrivateStores() { instance = std::make_unique<LocalStores>(); }
-  ~PrivateStores() { instance.reset(); }
-  static inline std::unique_ptr<LocalStores> instance;
-};
 
 LocalStores& stores() {
-  if (!PrivateStores::instance) throw std::logic_error("the private stores are not running");
-  return *PrivateStores::instance;
+  return PrivateStores::stores();
 }
 
 // -------------------------------------------------------------------------------------------
@@ -75,93 +62,19 @@ constexpr auto kRetryInterval = 100ms;
 /// that bounds nothing; a longer look would only make it stricter.
 constexpr auto kNothingArrives = 500ms;
 
-std::int64_t ms(Clock::duration d) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
-}
-
-void report(const std::string& scenario, std::uint64_t executions, std::uint64_t distinct_keys) {
-  std::cout << "scenario=" << scenario << " executions=" << executions
-            << " distinct_keys=" << distinct_keys << std::endl;
-}
-
-/// A response, or the client's error, and how long the exchange took.
-struct Timed {
-  HttpResponse response;
-  std::string error;  ///< non-empty: no response (timeout, reset)
-  Clock::duration elapsed{};
-  Clock::time_point done;
-};
-
-Timed send_timed(const Gateway& gateway, const HttpRequest& request, int instance = 0) {
-  Timed t;
-  const auto start = Clock::now();
-  try {
-    t.response = http_request(kLoopback, gateway.port(instance), request, kClientTimeout);
-  } catch (const std::exception& e) {
-    t.error = e.what();
-  }
-  t.done = Clock::now();
-  t.elapsed = t.done - start;
-  return t;
-}
-
 /// POST /payments with `key` and a payment body for `external_id`, routed by `host`.
 HttpRequest payment_post(const std::string& host, const std::string& key,
                          const std::string& external_id) {
   return keyed_post("/payments", key, payment_body(external_id), {{"Host", host}});
 }
 
-bool replayed(const HttpResponse& r) {
-  return r.header("Idempotent-Replayed").value_or("") == "true";
-}
-
 bool unprotected(const HttpResponse& r) {
   return r.header("Idempotency-Status").value_or("") == "unprotected";
-}
-
-/// The gateway's own problem types (gateway/http/problem.cpp); the payment service has types of
-/// the same names under its own prefix, which these must not be taken for.
-const std::string kGatewayProblems = "https://idemgate.dev/problems/";
-
-/// 409 problem+json of type request-in-flight with Retry-After (C18, C23, C26).
-bool in_flight(const HttpResponse& r) {
-  return is_problem(r, 409) && problem_type(r) == kGatewayProblems + "request-in-flight" &&
-         r.header("Retry-After").has_value();
-}
-
-/// 503 problem+json of type store-unavailable with Retry-After (C25 fail_closed).
-bool store_unavailable(const HttpResponse& r) {
-  return is_problem(r, 503) && problem_type(r) == kGatewayProblems + "store-unavailable" &&
-         r.header("Retry-After").has_value();
 }
 
 /// An answer of the upstream rather than of the gateway.
 bool from_upstream(const HttpResponse& r) {
   return !problem_type(r).starts_with(kGatewayProblems);
-}
-
-/// Executed now by the upstream under the contract: its own success, not a replay and not an
-/// unprotected forward.
-bool executed(const HttpResponse& r) {
-  return (r.status == 200 || r.status == 201) && !replayed(r) && !unprotected(r);
-}
-
-/// The JSON objects among `text`'s lines whose `msg` contains `fragment`.
-std::vector<json::object> log_lines(const std::string& text, const std::string& fragment) {
-  std::vector<json::object> out;
-  std::istringstream lines(text);
-  std::string line;
-  while (std::getline(lines, line)) {
-    json::error_code ec;
-    const json::value v = json::parse(line, ec);
-    if (ec || !v.is_object()) continue;
-    const auto* msg = v.as_object().if_contains("msg");
-    if (msg && msg->is_string() &&
-        std::string_view(msg->as_string()).find(fragment) != std::string_view::npos) {
-      out.push_back(v.as_object());
-    }
-  }
-  return out;
 }
 
 // -------------------------------------------------------------------------------------------
@@ -249,7 +162,7 @@ class SyncRedis {
 double counter(const Gateway& gateway, const std::string& name) {
   const HttpResponse scraped = gateway.admin_get("/metrics");
   BOOST_TEST_REQUIRE(scraped.status == 200u, describe(scraped));
-  const auto value = idemgate::test::ops::metric_value(scraped.body, name);
+  const auto value = metric_value(scraped.body, name);
   BOOST_TEST_REQUIRE(value.has_value(), name << " is not on /metrics");
   return *value;
 }
@@ -425,13 +338,13 @@ BOOST_AUTO_TEST_CASE(spec_C24_record_past_expires_at_is_absent_at_once_and_the_r
   BOOST_TEST(replayed(replay.response), gateway.explain(replay.response));
 
   // The database clock decides expiry: wait until it says the record has expired.
-  const auto deadline = Clock::now() + kEventDeadline;
-  while (db.scalar("SELECT count(*) FROM idempotency_record"
-                   " WHERE id = decode($1, 'hex') AND expires_at > now()",
-                   {id}) != "0") {
-    BOOST_REQUIRE_MESSAGE(Clock::now() < deadline, "the record never expired");
-    std::this_thread::sleep_for(10ms);
-  }
+  BOOST_REQUIRE_MESSAGE(eventually([&] {
+                          return db.scalar(
+                                     "SELECT count(*) FROM idempotency_record"
+                                     " WHERE id = decode($1, 'hex') AND expires_at > now()",
+                                     {id}) == "0";
+                        }),
+                        "the record never expired");
   const Timed after = send_timed(gateway, request);
   BOOST_REQUIRE(after.error.empty());
   // Executed again; the payment service's UNIQUE answers with the existing payment.
@@ -487,14 +400,15 @@ BOOST_AUTO_TEST_CASE(spec_C24_cleaner_deletes_expired_rows_in_batches_and_keeps_
     return std::stoi(
         db.scalar("SELECT count(*) FROM idempotency_record WHERE route = $1", {route}));
   };
-  const auto deadline = Clock::now() + kEventDeadline;
-  int left = count("c24-short");
-  while (left != 0) {
-    BOOST_REQUIRE_MESSAGE(Clock::now() < deadline, left << " expired rows were never deleted\n"
-                                                        << gateway.diagnostics());
-    std::this_thread::sleep_for(50ms);
-    left = count("c24-short");
-  }
+  int left = 0;
+  BOOST_REQUIRE_MESSAGE(eventually(
+                            [&] {
+                              left = count("c24-short");
+                              return left == 0;
+                            },
+                            50ms),
+                        left << " expired rows were never deleted\n"
+                             << gateway.diagnostics());
   BOOST_TEST(count("c24-live") == kLive, "the cleaner deleted live rows");
   for (const auto& request : live) {
     const Timed t = send_timed(gateway, request);
@@ -506,7 +420,7 @@ BOOST_AUTO_TEST_CASE(spec_C24_cleaner_deletes_expired_rows_in_batches_and_keeps_
   // short, so the round that met the short rows expired deleted all of them: more than a batch.
   std::int64_t deleted = 0;
   std::int64_t largest_round = 0;
-  for (const auto& line : log_lines(gateway.stderr_text(), "expired records deleted")) {
+  for (const auto& line : log_lines_containing(gateway.stderr_text(), "expired records deleted")) {
     const auto* n = line.if_contains("deleted");
     if (!n || !n->is_number()) continue;
     deleted += n->to_number<std::int64_t>();
@@ -619,14 +533,14 @@ void check_store_fault(StoreFault fault) {
   for (auto& r : routes) {
     const Timed t = send_timed(gateway, r.request);
     BOOST_TEST_CONTEXT(fault.name << ", " << name_of(r.policy) << ", during the fault") {
-      BOOST_REQUIRE_MESSAGE(t.error.empty(), "no answer after " << ms(t.elapsed)
+      BOOST_REQUIRE_MESSAGE(t.error.empty(), "no answer after " << ms(t.elapsed())
                                                                 << " ms: " << t.error << "\n"
                                                                 << gateway.diagnostics());
       const HttpResponse& res = t.response;
-      BOOST_TEST(ms(t.elapsed) <= ms(bound),  // SPEC C25
-                 "answered after " << ms(t.elapsed) << " ms");
+      BOOST_TEST(ms(t.elapsed()) <= ms(bound),  // SPEC C25
+                 "answered after " << ms(t.elapsed()) << " ms");
       r.during = outcome_of(res);
-      r.during_ms = ms(t.elapsed);
+      r.during_ms = ms(t.elapsed());
       if (fault.store_stays_up && executed(res)) {
         ++r.forwarded;
         ++r.executed;
@@ -655,8 +569,8 @@ void check_store_fault(StoreFault fault) {
         ++attempts;
         BOOST_REQUIRE_MESSAGE(t.error.empty(), "no answer: " << t.error << "\n"
                                                              << gateway.diagnostics());
-        BOOST_TEST(ms(t.elapsed) <= ms(bound),  // SPEC C25
-                   "answered after " << ms(t.elapsed) << " ms");
+        BOOST_TEST(ms(t.elapsed()) <= ms(bound),  // SPEC C25
+                   "answered after " << ms(t.elapsed()) << " ms");
         const HttpResponse& res = t.response;
         if (executed(res)) {
           ++r.forwarded;
@@ -853,8 +767,8 @@ BOOST_AUTO_TEST_CASE(
   frozen = false;
   BOOST_REQUIRE_MESSAGE(refused.error.empty(), refused.error << "\n" << gateway.diagnostics());
   BOOST_TEST(store_unavailable(refused.response), gateway.explain(refused.response));
-  BOOST_TEST(ms(refused.elapsed) <= ms(kRedisTimeout + spec::kStoreFaultMargin),  // SPEC C25
-             "answered after " << ms(refused.elapsed) << " ms");
+  BOOST_TEST(ms(refused.elapsed()) <= ms(kRedisTimeout + spec::kStoreFaultMargin),  // SPEC C25
+             "answered after " << ms(refused.elapsed()) << " ms");
   // The scenario happened: the thawed server ran the SET the gateway had given up on.
   BOOST_TEST(eventually([&] { return set_calls() > sets_before; }),
              "the frozen SET never ran: the test did not reproduce a late lock");
@@ -880,7 +794,7 @@ BOOST_AUTO_TEST_CASE(
   std::string outcomes;
   for (const auto& [kind, n] : kinds) outcomes += " " + kind + "=" + std::to_string(n);
   std::cout << "figures scenario=C25_late_set_after_a_freeze refused_after_ms="
-            << ms(refused.elapsed) << " executed_after_thaw_ms=" << ms(last.done - thawed)
+            << ms(refused.elapsed()) << " executed_after_thaw_ms=" << ms(last.done - thawed)
             << " retries:" << outcomes << std::endl;
 }
 
@@ -1040,8 +954,8 @@ BOOST_AUTO_TEST_CASE(spec_C26_commit_failing_past_commit_timeout_still_answers_k
   BOOST_TEST(first.response.header("Location").has_value(), gateway.explain(first.response));
   BOOST_TEST(db.scalar("SELECT count(*) FROM idempotency_record WHERE route = 'c26'") == "0");
   // The answer waited for the commit retries (50 ms doubling, jittered) until commit_timeout.
-  BOOST_TEST(ms(first.elapsed) >= 600, "answered after " << ms(first.elapsed) << " ms");
-  const auto attempts = log_lines(gateway.stderr_text(), "store error");
+  BOOST_TEST(ms(first.elapsed()) >= 600, "answered after " << ms(first.elapsed()) << " ms");
+  const auto attempts = log_lines_containing(gateway.stderr_text(), "store error");
   BOOST_TEST(attempts.size() >= 3u, gateway.diagnostics());
 
   const Timed retry = send_timed(gateway, request);
@@ -1053,7 +967,7 @@ BOOST_AUTO_TEST_CASE(spec_C26_commit_failing_past_commit_timeout_still_answers_k
   // No committed marker without a committed record (C23, C26).
   BOOST_TEST(!idemgate::core::is_replay_marker(held.value_or("")));
 
-  const auto logged = log_lines(gateway.stderr_text(), "record commit failed");
+  const auto logged = log_lines_containing(gateway.stderr_text(), "record commit failed");
   BOOST_TEST(logged.size() == 1u, gateway.diagnostics());
   // Counted once: one request whose commit gave up, however many attempts it made (C26, C31).
   BOOST_TEST(counter(gateway, "idemgate_record_commit_failures_total") - failures == 1.0);
@@ -1113,7 +1027,7 @@ BOOST_AUTO_TEST_CASE(spec_C26_postgres_restarted_after_the_upstream_answered_com
   Database db(stores().pg_dsn());
   BOOST_TEST(db.scalar("SELECT count(*) FROM idempotency_record WHERE route = 'c26-restart'") ==
              "1");
-  BOOST_TEST(log_lines(gateway.stderr_text(), "record commit failed").empty(),
+  BOOST_TEST(log_lines_containing(gateway.stderr_text(), "record commit failed").empty(),
              gateway.diagnostics());
   const Timed retry = send_timed(gateway, request);
   BOOST_REQUIRE(retry.error.empty());
@@ -1325,12 +1239,14 @@ BOOST_AUTO_TEST_CASE(spec_C23_redis_restarted_between_retries_still_replays_from
   BOOST_TEST(replayed(retry.response), gateway.explain(retry.response));
   BOOST_TEST(retry.response.body == first.body);
   // Once the gateway talks to Redis again, a replay from Postgres puts the marker back.
-  const auto deadline = Clock::now() + kEventDeadline;
-  while (!redis.exists(lock) && Clock::now() < deadline) {
-    const Timed again = send_timed(gateway, request);
-    BOOST_TEST(replayed(again.response), gateway.explain(again.response));
-    std::this_thread::sleep_for(kRetryInterval);
-  }
+  eventually(
+      [&] {
+        if (redis.exists(lock)) return true;
+        const Timed again = send_timed(gateway, request);
+        BOOST_TEST(replayed(again.response), gateway.explain(again.response));
+        return false;
+      },
+      kRetryInterval);
   BOOST_TEST(redis.wait_for_marker(lock), gateway.diagnostics());
   BOOST_TEST(rig.upstream.count("/payments") == 1u);
 }

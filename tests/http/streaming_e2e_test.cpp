@@ -838,7 +838,7 @@ BOOST_AUTO_TEST_CASE(spec_C40_a_tunnel_logs_bytes_in_and_out_and_counts_open_tun
   const std::uint16_t admin = gateway.admin_port();
   const auto open_tunnels = [&] {
     const HttpResponse res = http_request(kLoopback, admin, {"GET", "/metrics", {}, ""});
-    return ops::metric_value(res.body, "idemgate_open_tunnels");
+    return metric_value(res.body, "idemgate_open_tunnels");
   };
   const std::size_t size = 10000;
   {

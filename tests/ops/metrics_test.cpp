@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "tests/fakes/memory_lock.hpp"
-#include "tests/ops/metric_text.hpp"
+#include "tests/support/metric_text.hpp"
 
 namespace idemgate {
 namespace {
@@ -21,7 +21,7 @@ using namespace std::chrono_literals;
 // The sample's value, or -1 when it is missing (Boost.Test cannot print an optional).
 double metric_value(const std::string& text, const std::string& name,
                     const std::map<std::string, std::string>& labels = {}) {
-  return test::ops::metric_value(text, name, labels).value_or(-1);
+  return test::metric_value(text, name, labels).value_or(-1);
 }
 
 template <class T>

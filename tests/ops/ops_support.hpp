@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "tests/e2e/gateway_fixture.hpp"
-#include "tests/ops/metric_text.hpp"
+#include "tests/support/metric_text.hpp"
 
 namespace idemgate::test::ops {
 

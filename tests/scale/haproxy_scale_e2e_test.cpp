@@ -11,104 +11,35 @@
 
 #include <algorithm>
 #include <atomic>
-#include <boost/json/parse.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <future>
 #include <iostream>
 #include <map>
-#include <memory>
 #include <mutex>
-#include <optional>
-#include <sstream>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "tests/e2e/gateway_fixture.hpp"
-#include "tests/fault/local_stores.hpp"
-#include "tests/ops/metric_text.hpp"
 #include "tests/scale/haproxy.hpp"
+#include "tests/support/answers.hpp"
+#include "tests/support/keyed_load.hpp"
+#include "tests/support/local_stores.hpp"
+#include "tests/support/scraping.hpp"
 
 namespace {
 
-namespace json = boost::json;
 using namespace std::chrono_literals;
 using namespace idemgate::test;
 using namespace idemgate::test::e2e;
-using idemgate::test::fault::LocalStores;
-using idemgate::test::ops::metric_value;
 using idemgate::test::scale::BalancedServer;
 using idemgate::test::scale::Haproxy;
 using idemgate::test::scale::ServerStat;
-using Clock = std::chrono::steady_clock;
-
-// -------------------------------------------------------------------------------------------
-// Postgres and Redis of this binary alone: the same stores for every instance.
-
-struct PrivateStores {
-  PrivateStores() { instance = std::make_unique<LocalStores>(); }
-  ~PrivateStores() { instance.reset(); }
-  static inline std::unique_ptr<LocalStores> instance;
-};
 
 constexpr int kInstances = 3;
 constexpr auto kClientTimeout = 10s;    ///< safety net on every request
 constexpr auto kRetryInterval = 100ms;  ///< between requests of one polling client
-const std::string kGatewayProblems = "https://idemgate.dev/problems/";
-
-std::int64_t ms(Clock::duration d) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
-}
-
-void report(const std::string& scenario, std::uint64_t executions, std::uint64_t distinct_keys) {
-  std::cout << "scenario=" << scenario << " executions=" << executions
-            << " distinct_keys=" << distinct_keys << std::endl;
-}
-
-std::string summary(const std::map<std::string, int>& kinds) {
-  std::string out;
-  for (const auto& [kind, n] : kinds)
-    out += (out.empty() ? "" : " ") + kind + "=" + std::to_string(n);
-  return out;
-}
-
-bool replayed(const HttpResponse& r) {
-  return r.header("Idempotent-Replayed").value_or("") == "true";
-}
-
-bool success(const HttpResponse& r) {
-  return r.status / 100 == 2;
-}
-
-/// Executed now by the upstream under the contract (C15): a 2xx that is not a replay.
-bool executed(const HttpResponse& r) {
-  return success(r) && !replayed(r) && !r.header("Idempotency-Status").has_value();
-}
-
-/// 409 problem+json of type request-in-flight with Retry-After (C18).
-bool in_flight(const HttpResponse& r) {
-  return r.status == 409 && problem_type(r) == kGatewayProblems + "request-in-flight" &&
-         r.header("Retry-After").has_value();
-}
-
-/// A response, or the client's error, and when the exchange started and ended.
-struct Timed {
-  HttpResponse response;
-  std::string error;  ///< non-empty: no answer (the connection closed or timed out)
-  Clock::time_point start;
-  Clock::time_point done;
-  bool answered() const { return error.empty(); }
-};
-
-std::string kind_of(const Timed& t) {
-  if (!t.answered()) return "no-answer";
-  if (executed(t.response)) return "executed";
-  if (success(t.response) && replayed(t.response)) return "replayed";
-  if (in_flight(t.response)) return "409";
-  return "other-" + std::to_string(t.response.status);
-}
 
 // -------------------------------------------------------------------------------------------
 // Three instances and the balancer in front of them.
@@ -132,24 +63,13 @@ struct Balanced {
 
   /// Sends `request` through the balancer on a fresh connection.
   Timed send(const HttpRequest& request) const {
-    Timed t;
-    t.start = Clock::now();
-    try {
-      t.response = http_request(kLoopback, haproxy.port(), request, kClientTimeout);
-    } catch (const std::exception& e) {
-      t.error = e.what();
-    }
-    t.done = Clock::now();
-    return t;
+    return timed_request(haproxy.port(), request, kClientTimeout);
   }
 
   /// `idemgate_requests_total{route,outcome}` of one instance.
   double requests(int instance, const std::string& route, const std::string& outcome) const {
-    HttpRequest get;
-    get.target = "/metrics";
-    const auto res = http_request(kLoopback, gateway.admin_port(instance), get, kClientTimeout);
-    return metric_value(res.body, "idemgate_requests_total",
-                        {{"route", route}, {"outcome", outcome}})
+    return metric(gateway, instance, "idemgate_requests_total",
+                  {{"route", route}, {"outcome", outcome}})
         .value_or(0);
   }
 
@@ -205,68 +125,19 @@ std::vector<Timed> send_each(const Balanced& balanced, const std::vector<HttpReq
 // -------------------------------------------------------------------------------------------
 // Steady keyed load through the balancer: each thread sends a new key at a time.
 
-struct KeyRecord {
-  HttpRequest request;
-  Timed answer;
-};
+KeyedLoad::Options load_through(const Balanced& balanced, int threads) {
+  KeyedLoad::Options options;
+  options.new_request = [] { return payment_post(unique_name("c45-load")); };
+  options.send = [&balanced](const HttpRequest& request, int) { return balanced.send(request); };
+  options.threads = threads;
+  return options;
+}
 
-class KeyedLoad {
- public:
-  KeyedLoad(const Balanced& balanced, int threads) : balanced_(balanced), threads_count_(threads) {}
-  ~KeyedLoad() { stop(); }
-  KeyedLoad(const KeyedLoad&) = delete;
-  KeyedLoad& operator=(const KeyedLoad&) = delete;
-
-  void start() {
-    for (int t = 0; t < threads_count_; ++t) threads_.emplace_back([this] { run(); });
-  }
-
-  void stop() {
-    stopping_ = true;
-    for (auto& t : threads_)
-      if (t.joinable()) t.join();
-    threads_.clear();
-  }
-
-  /// Keys answered 2xx whose request started after `after`.
-  std::size_t answered_after(Clock::time_point after) const {
-    std::lock_guard lock(mutex_);
-    std::size_t n = 0;
-    for (const auto& r : records_) n += r.answer.start > after && success(r.answer.response);
-    return n;
-  }
-
-  /// Waits until answered_after(after) ≥ n; false after kEventDeadline.
-  bool wait_for_answers(std::size_t n, Clock::time_point after) const {
-    const auto deadline = Clock::now() + kEventDeadline;
-    while (answered_after(after) < n) {
-      if (Clock::now() > deadline) return false;
-      std::this_thread::sleep_for(10ms);
-    }
-    return true;
-  }
-
-  /// Every key with its answer, once stopped.
-  const std::vector<KeyRecord>& records() const { return records_; }
-
- private:
-  void run() {
-    while (!stopping_) {
-      KeyRecord record;
-      record.request = payment_post(unique_name("c45-load"));
-      record.answer = balanced_.send(record.request);
-      std::lock_guard lock(mutex_);
-      records_.push_back(std::move(record));
-    }
-  }
-
-  const Balanced& balanced_;
-  int threads_count_;
-  std::atomic<bool> stopping_{false};
-  std::vector<std::thread> threads_;
-  mutable std::mutex mutex_;
-  std::vector<KeyRecord> records_;
-};
+/// Waits until the load got `n` successes to requests sent after `after`; false after
+/// kEventDeadline.
+bool wait_for_answers(const KeyedLoad& load, std::size_t n, Clock::time_point after) {
+  return eventually([&] { return load.successes_after(after) >= n; });
+}
 
 }  // namespace
 
@@ -393,10 +264,10 @@ BOOST_AUTO_TEST_CASE(spec_C45_sigterm_drain_under_load_marks_the_server_down_and
   });
   BOOST_REQUIRE_MESSAGE(holder.wait_for("/hold", 1), balanced.diagnostics());
 
-  KeyedLoad load(balanced, 4);
+  KeyedLoad load(load_through(balanced, 4));
   load.start();
   const auto load_start = Clock::now();
-  BOOST_REQUIRE_MESSAGE(load.wait_for_answers(6, load_start), balanced.diagnostics());
+  BOOST_REQUIRE_MESSAGE(wait_for_answers(load, 6, load_start), balanced.diagnostics());
 
   const auto sigterm = Clock::now();
   balanced.gateway.signal(SIGTERM, kDrained);
@@ -411,7 +282,7 @@ BOOST_AUTO_TEST_CASE(spec_C45_sigterm_drain_under_load_marks_the_server_down_and
   // New connections go to the other instances only.
   const auto sessions_down = balanced.sessions();
   const auto after_down = Clock::now();
-  BOOST_REQUIRE_MESSAGE(load.wait_for_answers(12, after_down), balanced.diagnostics());
+  BOOST_REQUIRE_MESSAGE(wait_for_answers(load, 12, after_down), balanced.diagnostics());
   load.stop();
   const auto sessions_end = balanced.sessions();
   BOOST_TEST(sessions_end[kDrained] == sessions_down[kDrained],
@@ -419,7 +290,7 @@ BOOST_AUTO_TEST_CASE(spec_C45_sigterm_drain_under_load_marks_the_server_down_and
   std::uint64_t to_others = 0;
   for (int i = 0; i < kInstances; ++i)
     if (i != kDrained) to_others += sessions_end[i] - sessions_down[i];
-  BOOST_TEST(to_others >= load.answered_after(after_down));
+  BOOST_TEST(to_others >= load.successes_after(after_down));
 
   // The drain finishes the held request, then the process exits cleanly.
   holder.release();
@@ -440,25 +311,25 @@ BOOST_AUTO_TEST_CASE(spec_C45_sigterm_drain_under_load_marks_the_server_down_and
   const auto retries = send_each(balanced, again_requests);
   for (std::size_t i = 0; i < retries.size(); ++i) {
     const KeyRecord& record = load.records()[i];
-    const std::string kind = kind_of(record.answer);
+    const Timed& answer = record.answers.front();
+    const std::string kind = kind_of(answer);
     ++kinds[kind];
     BOOST_TEST((kind == "executed" || kind == "no-answer"),
                "answer under drain: " << kind << "\n"
-                                      << describe(record.answer.response));
+                                      << describe(answer.response));
     executions_seen += kind == "executed";
     const Timed& again = retries[i];
     const std::string again_kind = kind_of(again);
     ++retry_kinds[again_kind];
     executions_seen += again_kind == "executed";
-    const bool kept = record.answer.answered()
-                          ? again_kind == "replayed" &&
-                                again.response.status == record.answer.response.status &&
-                                again.response.body == record.answer.response.body
-                          : again_kind == "executed";
+    const bool kept = answer.answered() ? again_kind == "replayed" &&
+                                              again.response.status == answer.response.status &&
+                                              again.response.body == answer.response.body
+                                        : again_kind == "executed";
     if (!kept && reported++ < 5) {
       BOOST_TEST(kept, "first answer " << kind << ":\n"
-                                       << describe(record.answer.response) << "\nretry "
-                                       << again_kind << ": " << again.error << "\n"
+                                       << describe(answer.response) << "\nretry " << again_kind
+                                       << ": " << again.error << "\n"
                                        << describe(again.response));
     } else if (!kept) {
       BOOST_TEST(kept);
@@ -530,17 +401,15 @@ BOOST_AUTO_TEST_CASE(spec_C45_sigkill_in_flight_keys_409_until_lock_ttl_then_exe
   for (std::size_t k = 0; k < kRequests; ++k) {
     for (std::size_t p = 0; p < kPollersPerKey; ++p) {
       pollers.emplace_back([&, k] {
-        const auto deadline = Clock::now() + kEventDeadline;  // only a safety net
-        for (;;) {
-          Timed t = balanced.send(requests[k]);
-          const bool done = t.answered() && success(t.response);
-          {
-            std::lock_guard lock(poll_mutex[k]);
-            polls[k].push_back(std::move(t));
-          }
-          if (done || Clock::now() > deadline) return;
-          std::this_thread::sleep_for(kRetryInterval);
-        }
+        eventually(
+            [&] {
+              Timed t = balanced.send(requests[k]);
+              const bool done = t.answered() && success(t.response);
+              std::lock_guard lock(poll_mutex[k]);
+              polls[k].push_back(std::move(t));
+              return done;
+            },
+            kRetryInterval);
       });
     }
   }

@@ -29,9 +29,10 @@
 #include "storage/pg/pg_pool.hpp"
 #include "storage/pg/pg_record_store.hpp"
 #include "tests/e2e/gateway_fixture.hpp"
-#include "tests/fault/local_stores.hpp"
 #include "tests/storage/pg_test_support.hpp"
 #include "tests/storage/record_store_fixtures.hpp"
+#include "tests/support/local_stores.hpp"
+#include "tests/support/polling.hpp"
 #include "tests/support/process.hpp"
 
 namespace idemgate::testing {
@@ -56,7 +57,7 @@ struct PartitionedStores {
       throw std::runtime_error("the suite's table was not converted");
     }
   }
-  test::fault::LocalStores stores;
+  test::LocalStores stores;
 };
 
 /// A PgRecordStore over the partitioned table, with single-row inserts or group commit.
@@ -372,9 +373,7 @@ BOOST_AUTO_TEST_CASE(spec_C24_cleaner_deletes_expired_rows_from_every_partition_
       cleaner.start();
       auto remaining = [&] { return backend.rows_of(expired); };
       // Polls the database, the only place the outcome shows, until the rows are gone.
-      while (remaining() > 0 && Clock::now() - started < e2e::kEventDeadline) {
-        std::this_thread::sleep_for(50ms);
-      }
+      idemgate::test::eventually([&] { return remaining() == 0; }, 50ms);
       const auto took = Clock::now() - started;
       cleaner.stop();
 

@@ -6,18 +6,13 @@
 // Each scenario prints lines `figures scenario=<name> …` with the measured times and the
 // answers by kind.
 #define BOOST_TEST_MODULE pgbouncer_scale
-#include <atomic>
-#include <boost/json/parse.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <iostream>
 #include <latch>
 #include <map>
-#include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -25,32 +20,21 @@
 
 #include "storage/pg/migrations.hpp"
 #include "tests/e2e/gateway_fixture.hpp"
-#include "tests/fault/local_stores.hpp"
-#include "tests/ops/metric_text.hpp"
 #include "tests/scale/pgbouncer.hpp"
+#include "tests/support/answers.hpp"
+#include "tests/support/keyed_load.hpp"
+#include "tests/support/local_stores.hpp"
+#include "tests/support/scraping.hpp"
 
 namespace {
 
-namespace json = boost::json;
 using namespace std::chrono_literals;
 using namespace idemgate::test;
 using namespace idemgate::test::e2e;
-using idemgate::test::fault::LocalStores;
-using idemgate::test::ops::metric_value;
 using idemgate::test::scale::PgBouncer;
-using Clock = std::chrono::steady_clock;
-
-// -------------------------------------------------------------------------------------------
-// Postgres and Redis of this binary alone.
-
-struct PrivateStores {
-  PrivateStores() { instance = std::make_unique<LocalStores>(); }
-  ~PrivateStores() { instance.reset(); }
-  static inline std::unique_ptr<LocalStores> instance;
-};
 
 const std::string& postgres_dsn() {
-  return PrivateStores::instance->pg_dsn();
+  return PrivateStores::stores().pg_dsn();
 }
 
 // -------------------------------------------------------------------------------------------
@@ -70,37 +54,6 @@ constexpr auto kPoolerDown = 1s;                 ///< how long PgBouncer stays s
 constexpr auto kRetryInterval = 20ms;            ///< between requests of one polling client
 constexpr auto kLoadPace = 10ms;                 ///< between keys of one load thread
 constexpr int kLoadThreads = 4;
-const std::string kGatewayProblems = "https://idemgate.dev/problems/";
-
-std::int64_t ms(Clock::duration d) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
-}
-
-// -------------------------------------------------------------------------------------------
-// Answers.
-
-/// A response, or the client's error, and when the exchange started and ended.
-struct Timed {
-  HttpResponse response;
-  std::string error;  ///< non-empty: no response (timeout, reset)
-  int instance = 0;
-  Clock::time_point start;
-  Clock::time_point done;
-  Clock::duration elapsed() const { return done - start; }
-};
-
-Timed send_timed(const Gateway& gateway, const HttpRequest& request, int instance) {
-  Timed t;
-  t.instance = instance;
-  t.start = Clock::now();
-  try {
-    t.response = http_request(kLoopback, gateway.port(instance), request, kClientTimeout);
-  } catch (const std::exception& e) {
-    t.error = e.what();
-  }
-  t.done = Clock::now();
-  return t;
-}
 
 HttpRequest payment_post(const std::string& host, const std::string& key,
                          const std::string& payment_id) {
@@ -113,110 +66,13 @@ HttpRequest new_payment(const std::string& host) {
   return payment_post(host, key, key);
 }
 
-bool replayed(const HttpResponse& r) {
-  return r.header("Idempotent-Replayed").value_or("") == "true";
-}
-
-bool success(const HttpResponse& r) {
-  return r.status == 200 || r.status == 201;
-}
-
-/// Executed now by the upstream under the contract: not a replay, not an unprotected forward.
-bool executed(const HttpResponse& r) {
-  return success(r) && !replayed(r) && !r.header("Idempotency-Status").has_value();
-}
-
-/// 409 problem+json of type request-in-flight with Retry-After (C18).
-bool in_flight(const HttpResponse& r) {
-  return r.status == 409 && problem_type(r) == kGatewayProblems + "request-in-flight" &&
-         r.header("Retry-After").has_value();
-}
-
-/// 503 problem+json of type store-unavailable with Retry-After (C25 fail_closed).
-bool store_unavailable(const HttpResponse& r) {
-  return r.status == 503 && problem_type(r) == kGatewayProblems + "store-unavailable" &&
-         r.header("Retry-After").has_value() && is_problem(r, 503);
-}
-
-/// What a keyed answer behind the pooler may be (C19, C25): executed, a replay, 409 or 503.
-std::string kind_of(const Timed& t) {
-  if (!t.error.empty()) return "no-answer";
-  if (executed(t.response)) return "executed";
-  if (success(t.response) && replayed(t.response)) return "replayed";
-  if (in_flight(t.response)) return "409";
-  if (store_unavailable(t.response)) return "503";
-  return "other-" + std::to_string(t.response.status);
-}
-
-bool allowed_kind(const std::string& kind) {
-  return kind == "executed" || kind == "replayed" || kind == "409" || kind == "503";
-}
-
-std::string summary(const std::map<std::string, int>& kinds) {
-  std::string out;
-  for (const auto& [kind, n] : kinds)
-    out += (out.empty() ? "" : " ") + kind + "=" + std::to_string(n);
-  return out;
-}
-
-// -------------------------------------------------------------------------------------------
-// The gateways' logs and admin endpoints.
-
-std::vector<json::object> log_lines(const std::string& text) {
-  std::vector<json::object> out;
-  std::istringstream lines(text);
-  std::string line;
-  while (std::getline(lines, line)) {
-    json::error_code ec;
-    const json::value v = json::parse(line, ec);
-    if (!ec && v.is_object()) out.push_back(v.as_object());
-  }
-  return out;
-}
-
-std::string field(const json::object& line, const char* name) {
-  const auto* v = line.if_contains(name);
-  return v && v->is_string() ? std::string(v->as_string()) : "";
-}
-
-std::uint16_t admin_port(const Gateway& gateway, int instance) {
-  const auto deadline = Clock::now() + kEventDeadline;
-  for (;;) {
-    for (const auto& line : log_lines(gateway.stderr_text(instance))) {
-      const auto* port = line.if_contains("port");
-      if (field(line, "msg") == "admin listening" && port && port->is_number())
-        return port->to_number<std::uint16_t>();
-    }
-    if (Clock::now() > deadline)
-      throw std::runtime_error("no 'admin listening' line\n" + gateway.diagnostics());
-    std::this_thread::sleep_for(kRetryInterval);
-  }
-}
-
-HttpResponse admin_get(const Gateway& gateway, int instance, const std::string& path) {
-  HttpRequest request;
-  request.target = path;
-  return http_request(kLoopback, admin_port(gateway, instance), request, kClientTimeout);
-}
-
-/// idemgate_duplicate_executions_total summed over the instances (C36).
-std::uint64_t duplicates(const Gateway& gateway) {
-  double sum = 0;
-  for (int i = 0; i < gateway.instances(); ++i)
-    sum +=
-        metric_value(admin_get(gateway, i, "/metrics").body, "idemgate_duplicate_executions_total")
-            .value_or(0);
-  return static_cast<std::uint64_t>(sum);
-}
-
 /// The distinct `msg` texts of the instances' log lines that contain `needle`, with how often
 /// each was logged; for `store error` lines the text is `store error <op>: <error>`.
 std::map<std::string, int> logged(const Gateway& gateway, const std::string& needle) {
   std::map<std::string, int> out;
   for (int i = 0; i < gateway.instances(); ++i) {
-    for (const auto& line : log_lines(gateway.stderr_text(i))) {
+    for (const auto& line : log_lines_containing(gateway.stderr_text(i), needle)) {
       std::string msg = field(line, "msg");
-      if (msg.find(needle) == std::string::npos) continue;
       if (msg == "store error") msg += " " + field(line, "op") + ": " + field(line, "error");
       ++out[msg];
     }
@@ -283,169 +139,17 @@ std::size_t open_server_connections(const PgBouncer& bouncer, int n) {
 // Steady keyed load: each thread sends new keys to its instance and retries every answered key
 // once through the other instance.
 
-struct KeyRecord {
-  HttpRequest request;
-  std::vector<Timed> answers;
-};
-
-class KeyedLoad {
- public:
-  KeyedLoad(const Gateway& gateway, std::string host) : gateway_(gateway), host_(std::move(host)) {}
-  ~KeyedLoad() { stop(); }
-  KeyedLoad(const KeyedLoad&) = delete;
-  KeyedLoad& operator=(const KeyedLoad&) = delete;
-
-  void start() {
-    for (int t = 0; t < kLoadThreads; ++t) threads_.emplace_back([this, t] { run(t); });
-  }
-
-  void stop() {
-    stopping_ = true;
-    for (auto& t : threads_)
-      if (t.joinable()) t.join();
-    threads_.clear();
-  }
-
-  std::size_t executions() const {
-    std::lock_guard lock(mutex_);
-    std::size_t n = 0;
-    for (const auto& r : records_)
-      for (const auto& a : r.answers) n += a.error.empty() && executed(a.response);
-    return n;
-  }
-
-  /// The end of the first execution on `instance` of a request sent after `after`.
-  std::optional<Clock::time_point> first_execution(int instance, Clock::time_point after) const {
-    std::lock_guard lock(mutex_);
-    std::optional<Clock::time_point> first;
-    for (const auto& r : records_) {
-      for (const auto& a : r.answers) {
-        if (a.instance != instance || a.start < after || !a.error.empty() || !executed(a.response))
-          continue;
-        if (!first || a.done < *first) first = a.done;
-      }
-    }
-    return first;
-  }
-
-  /// Answers so far of kind `kind` (kind_of) to requests sent after `after`.
-  std::size_t answers_of_kind(const std::string& kind, Clock::time_point after) const {
-    std::lock_guard lock(mutex_);
-    std::size_t n = 0;
-    for (const auto& r : records_)
-      for (const auto& a : r.answers) n += a.start >= after && kind_of(a) == kind;
-    return n;
-  }
-
-  /// Every key with its answers, once stopped.
-  const std::vector<KeyRecord>& records() const { return records_; }
-
- private:
-  void run(int thread) {
-    const int instance = thread % kInstances;
-    while (!stopping_) {
-      KeyRecord record;
-      record.request = new_payment(host_);
-      record.answers.push_back(send_timed(gateway_, record.request, instance));
-      if (record.answers.back().error.empty())
-        record.answers.push_back(send_timed(gateway_, record.request, (instance + 1) % kInstances));
-      {
-        std::lock_guard lock(mutex_);
-        records_.push_back(std::move(record));
-      }
-      std::this_thread::sleep_for(kLoadPace);
-    }
-  }
-
-  const Gateway& gateway_;
-  std::string host_;
-  std::atomic<bool> stopping_{false};
-  std::vector<std::thread> threads_;
-  mutable std::mutex mutex_;
-  std::vector<KeyRecord> records_;
-};
-
-/// Waits until the load has executed `n` requests; false after kEventDeadline.
-bool wait_for_executions(const KeyedLoad& load, std::size_t n) {
-  const auto deadline = Clock::now() + kEventDeadline;
-  while (load.executions() < n) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(kRetryInterval);
-  }
-  return true;
+KeyedLoad::Options load_on(const Gateway& gateway, const std::string& host) {
+  auto options = KeyedLoad::on(gateway, [host] { return new_payment(host); });
+  options.threads = kLoadThreads;
+  options.retry_elsewhere = true;
+  options.pace = kLoadPace;
+  return options;
 }
 
-/// What the answers add up to.
-struct Tally {
-  std::map<std::string, int> kinds;
-  std::size_t keys_answered_2xx = 0;  ///< keys with at least one 2xx answer
-  std::int64_t slowest_ms = 0;
-};
-
-/// Checks every answer of `records`: an answer at all, of an allowed kind; every 2xx answer of
-/// a key after its first is a replay of it, byte for byte (C16, never another execution's
-/// answer). Counts them by kind.
-Tally check_answers(const std::vector<KeyRecord>& records, const Gateway& gateway) {
-  Tally tally;
-  int reported = 0;
-  const auto fail = [&](const std::string& what) {
-    if (reported++ < 5) BOOST_TEST(false, what);
-  };
-  for (const auto& record : records) {
-    const Timed* first = nullptr;
-    for (const auto& a : record.answers) {
-      const std::string kind = kind_of(a);
-      ++tally.kinds[kind];
-      tally.slowest_ms = std::max(tally.slowest_ms, ms(a.elapsed()));
-      if (!allowed_kind(kind)) {
-        fail("answer of kind " + kind + " on instance " + std::to_string(a.instance) + ": " +
-             a.error + "\n" + describe(a.response));
-        continue;
-      }
-      if (!success(a.response)) continue;
-      if (!first) {
-        first = &a;
-        continue;
-      }
-      if (!replayed(a.response) || a.response.body != first->response.body)
-        fail("a later 2xx answer is not the replay of the first one; first:\n" +
-             describe(first->response) + "\nlater:\n" + describe(a.response));
-    }
-    tally.keys_answered_2xx += first != nullptr;
-  }
-  if (reported) BOOST_TEST_MESSAGE(gateway.diagnostics());
-  return tally;
-}
-
-/// Every key answered 2xx is replayed now, byte for byte its first 2xx answer (C16), through
-/// the other instance. Returns how many keys were checked.
-std::size_t check_replays(const std::vector<KeyRecord>& records, const Gateway& gateway) {
-  std::size_t checked = 0;
-  int reported = 0;
-  for (const auto& record : records) {
-    const Timed* first = nullptr;
-    for (const auto& a : record.answers) {
-      if (a.error.empty() && success(a.response)) {
-        first = &a;
-        break;
-      }
-    }
-    if (!first) continue;
-    ++checked;
-    const Timed again = send_timed(gateway, record.request, (first->instance + 1) % kInstances);
-    const bool same = again.error.empty() && replayed(again.response) &&
-                      again.response.status == first->response.status &&
-                      again.response.body == first->response.body;
-    if (!same && reported++ < 5)
-      BOOST_TEST(same,
-                 "the retry of an answered key is not the replay of its first answer; "
-                 "first:\n"
-                     << describe(first->response) << "\nretry: " << again.error << "\n"
-                     << describe(again.response));
-  }
-  BOOST_TEST(reported == 0, reported << " answered keys did not replay");
-  return checked;
-}
+/// What check_answers() asserts here beyond an allowed kind: every 2xx answer of a key after its
+/// first is a replay of it, byte for byte (C16, never another execution's answer).
+const AnswerChecks kLaterAnswersReplay{.later_successes_replay_the_first = true};
 
 }  // namespace
 
@@ -627,7 +331,7 @@ BOOST_AUTO_TEST_CASE(
       records[i + 1].answers.push_back(std::move(t));
     }
   }
-  const Tally tally = check_answers(records, gateway);
+  const LoadTally tally = check_answers(records, gateway, kLaterAnswersReplay);
   const auto executions = payments.counter("payment_posts") - posts;
   const auto payments_made = payments.counter("payments_inserted") - inserted;
   BOOST_TEST(tally.kinds.contains("503"), summary(tally.kinds));
@@ -669,45 +373,34 @@ BOOST_AUTO_TEST_CASE(
   const auto posts = payments.counter("payment_posts");
   const auto inserted = payments.counter("payments_inserted");
 
-  KeyedLoad load(gateway, "restart.test");
+  KeyedLoad load(load_on(gateway, "restart.test"));
   load.start();
-  BOOST_REQUIRE_MESSAGE(wait_for_executions(load, 10), "no steady load\n" << gateway.diagnostics());
+  BOOST_REQUIRE_MESSAGE(load.wait_for_executions(10), "no steady load\n" << gateway.diagnostics());
   const auto stopping = Clock::now();
   bouncer.stop();
   const auto stopped = Clock::now();
   // While PgBouncer is down the stores do not answer: not ready (C30).
   std::vector<unsigned> ready_during;
   for (int i = 0; i < kInstances; ++i)
-    ready_during.push_back(admin_get(gateway, i, "/readyz").status);
+    ready_during.push_back(gateway.admin_get("/readyz", i).status);
   // Down for kPoolerDown, and until the load met the outage (a 503), which the checks below
   // count on.
   std::this_thread::sleep_for(kPoolerDown);
-  const auto deadline_down = Clock::now() + kEventDeadline;
-  while (load.answers_of_kind("503", stopped) == 0 && Clock::now() < deadline_down)
-    std::this_thread::sleep_for(kRetryInterval);
+  eventually([&] { return load.answers_of_kind("503", stopped) > 0; }, kRetryInterval);
   bouncer.start();
   const auto restarted = Clock::now();
 
   // C44 via C25: the gateway reconnects by itself once PgBouncer is back. SPEC states no time
   // for that: the recovery is awaited as an event (kEventDeadline only guards against a hang)
   // and its time printed.
-  std::vector<std::optional<Clock::time_point>> recovered(kInstances);
-  const auto deadline = restarted + kEventDeadline;
-  for (bool all = false; !all && Clock::now() < deadline;) {
-    all = true;
-    for (int i = 0; i < kInstances; ++i) {
-      if (!recovered[i]) recovered[i] = load.first_execution(i, restarted);
-      all &= recovered[i].has_value();
-    }
-    if (!all) std::this_thread::sleep_for(kRetryInterval);
-  }
+  const auto recovered = load.wait_for_recovery(restarted);
   std::this_thread::sleep_for(500ms);  // some load after the recovery too
   load.stop();
 
   for (int i = 0; i < kInstances; ++i) {
     BOOST_TEST_CONTEXT("instance " << i) {
       BOOST_TEST(ready_during[i] == 503u, "ready while PgBouncer was down");
-      const HttpResponse ready = admin_get(gateway, i, "/readyz");
+      const HttpResponse ready = gateway.admin_get("/readyz", i);
       BOOST_TEST(ready.status == 200u, describe(ready));
     }
   }
@@ -730,7 +423,7 @@ BOOST_AUTO_TEST_CASE(
       if (a.start >= stopped && a.done < restarted) ++while_down[kind_of(a)];
   BOOST_TEST(while_down["503"] >= 1,
              "no request met the stopped PgBouncer: " << summary(while_down));
-  const Tally tally = check_answers(load.records(), gateway);
+  const LoadTally tally = check_answers(load.records(), gateway, kLaterAnswersReplay);
   const std::size_t replays_checked = check_replays(load.records(), gateway);
   const auto executions = payments.counter("payment_posts") - posts;
   const auto payments_made = payments.counter("payments_inserted") - inserted;

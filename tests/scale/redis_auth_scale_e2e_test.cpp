@@ -5,22 +5,16 @@
 
 #include <hiredis/hiredis.h>
 
-#include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
-#include <csignal>
-#include <filesystem>
-#include <functional>
 #include <map>
-#include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "tests/e2e/gateway_fixture.hpp"
-#include "tests/fault/local_stores.hpp"
+#include "tests/support/keyed_load.hpp"
+#include "tests/support/local_stores.hpp"
 #include "tests/support/process.hpp"
 
 namespace {
@@ -28,7 +22,6 @@ namespace {
 using namespace std::chrono_literals;
 using namespace idemgate::test;
 using namespace idemgate::test::e2e;
-using Clock = std::chrono::steady_clock;
 
 const std::string kUser = "idemgate";
 const std::string kSecret = "acl-secret";
@@ -107,7 +100,7 @@ std::string single_route(const std::string& name) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(an_acl_user_reauthenticates_on_every_reconnect_after_a_restart_under_load) {
-  idemgate::test::fault::LocalStores stores;  // Postgres for the records and the payments
+  idemgate::test::LocalStores stores;  // Postgres for the records and the payments
   AclRedis redis;
   PaymentService payments;
   GatewayConfig config;
@@ -119,68 +112,40 @@ BOOST_AUTO_TEST_CASE(an_acl_user_reauthenticates_on_every_reconnect_after_a_rest
   Gateway gateway(config);
 
   // Keyed requests, each with a new key, from 4 clients until told to stop.
-  std::atomic<bool> done{false};
-  std::atomic<Clock::time_point::rep> restarted_at{0};
-  std::mutex mutex;
-  std::map<unsigned, int> statuses;
-  int executed_after_restart = 0;
-  std::vector<std::string> errors;
-  std::vector<std::thread> clients;
-  for (int t = 0; t < 4; ++t) {
-    clients.emplace_back([&] {
-      while (!done.load()) {
-        const auto request =
-            keyed_post("/payments", unique_name("acl"), payment_body(unique_name("pay-acl")));
-        try {
-          const auto response = http_request(kLoopback, gateway.port(), request, kEventDeadline);
-          const std::lock_guard lock(mutex);
-          ++statuses[response.status];
-          const auto since = restarted_at.load();
-          if (response.status == 201 && since != 0 &&
-              Clock::now().time_since_epoch().count() > since) {
-            ++executed_after_restart;
-          }
-        } catch (const std::exception& e) {
-          const std::lock_guard lock(mutex);
-          errors.emplace_back(e.what());
-        }
-      }
+  KeyedLoad load(KeyedLoad::on(gateway, [] {
+    return keyed_post("/payments", unique_name("acl"), payment_body(unique_name("pay-acl")));
+  }));
+  // Answers with `status` that arrived after `after`.
+  const auto answers_with = [&](unsigned status, Clock::time_point after = {}) {
+    return load.count([&](const Timed& a) {
+      return a.answered() && a.response.status == status && a.done > after;
     });
-  }
-  struct Join {
-    std::atomic<bool>& done;
-    std::vector<std::thread>& threads;
-    ~Join() {
-      done = true;
-      for (auto& t : threads) t.join();
-    }
-  } join{done, clients};
+  };
+  load.start();
 
   // Each phase waits for what it needs to see, kEventDeadline being only a safety net: keyed
   // requests executing, then a request that met the stopped Redis, then 20 executions after the
   // restart.
-  const auto wait_until = [&](const std::function<bool()>& seen) {
-    const auto deadline = Clock::now() + kEventDeadline;
-    for (;;) {
-      {
-        const std::lock_guard lock(mutex);
-        if (seen()) return;
-      }
-      if (Clock::now() > deadline) return;
-      std::this_thread::sleep_for(20ms);
-    }
-  };
-  wait_until([&] { return statuses[201] >= 20; });
+  eventually([&] { return answers_with(201) >= 20; }, 20ms);
   redis.stop();
-  wait_until([&] { return statuses[503] > 0; });
+  eventually([&] { return answers_with(503) > 0; }, 20ms);
   redis.start();
-  restarted_at = Clock::now().time_since_epoch().count();
-  wait_until([&] { return executed_after_restart >= 20; });
-  done = true;
-  for (auto& t : clients) t.join();
-  clients.clear();
+  const auto restarted = Clock::now();
+  eventually([&] { return answers_with(201, restarted) >= 20; }, 20ms);
+  load.stop();
 
-  const std::lock_guard lock(mutex);
+  const auto executed_after_restart = answers_with(201, restarted);
+  std::map<unsigned, int> statuses;
+  std::vector<std::string> errors;
+  for (const auto& record : load.records()) {
+    for (const auto& a : record.answers) {
+      if (a.answered()) {
+        ++statuses[a.response.status];
+      } else {
+        errors.push_back(a.error);
+      }
+    }
+  }
   BOOST_TEST(errors.empty(), "requests without an answer: " << errors.size() << ", first: "
                                                             << (errors.empty() ? "" : errors[0]));
   BOOST_TEST(executed_after_restart >= 20,

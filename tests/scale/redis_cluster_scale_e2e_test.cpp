@@ -11,8 +11,6 @@
 #include <cstdint>
 #include <iostream>
 #include <map>
-#include <memory>
-#include <mutex>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -23,8 +21,9 @@
 #include "gateway/core/replay_marker.hpp"
 #include "storage/redis/redis_cluster.hpp"
 #include "tests/e2e/gateway_fixture.hpp"
-#include "tests/fault/local_stores.hpp"
 #include "tests/scale/redis_cluster.hpp"
+#include "tests/support/answers.hpp"
+#include "tests/support/local_stores.hpp"
 
 namespace {
 
@@ -33,95 +32,39 @@ using namespace idemgate::test;
 using namespace idemgate::test::e2e;
 using idemgate::storage::redis::key_slot;
 using idemgate::storage::redis::Reply;
-using idemgate::test::fault::LocalStores;
 using idemgate::test::scale::RedisCluster;
-using Clock = std::chrono::steady_clock;
-
-/// Postgres for the whole binary; its Redis is not used (the gateways here talk to the cluster).
-struct PrivateStores {
-  PrivateStores() { instance = std::make_unique<LocalStores>(); }
-  ~PrivateStores() { instance.reset(); }
-  static inline std::unique_ptr<LocalStores> instance;
-};
 
 /// Client-side bound on every request, so that a hanging gateway fails the test instead of
 /// blocking it; far above the stores' operation timeouts (C25: no request hangs on a store).
 constexpr auto kClientTimeout = 15s;
 
-const std::string kGatewayProblems = "https://idemgate.dev/problems/";
-
-std::int64_t ms(Clock::duration d) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
-}
-
-bool replayed(const HttpResponse& r) {
-  return r.header("Idempotent-Replayed").value_or("") == "true";
-}
-
-bool in_flight(const HttpResponse& r) {
-  return is_problem(r, 409) && problem_type(r) == kGatewayProblems + "request-in-flight" &&
-         r.header("Retry-After").has_value();
-}
-
-bool store_unavailable(const HttpResponse& r) {
-  return is_problem(r, 503) && problem_type(r) == kGatewayProblems + "store-unavailable" &&
-         r.header("Retry-After").has_value();
-}
-
-/// How the gateway answered one request.
-enum class Kind { executed, replayed, in_flight, store_unavailable, other };
-
-Kind kind_of(const HttpResponse& r) {
-  if (r.status == 201u) return replayed(r) ? Kind::replayed : Kind::executed;
-  if (in_flight(r)) return Kind::in_flight;
-  if (store_unavailable(r)) return Kind::store_unavailable;
-  return Kind::other;
-}
-
-/// One request and what came back: a response, or the client's error (timeout, reset).
-struct Answer {
+/// One request for `key` and what came back.
+struct Answer : Timed {
   std::string key;
-  HttpResponse response;
-  std::string error;
 };
 
-/// Answers counted by kind, and the figures line of a scenario.
+/// Answers counted by kind (kind_of), and the figures of a scenario.
 struct Tally {
-  std::size_t executed = 0;
-  std::size_t replayed = 0;
-  std::size_t in_flight = 0;
-  std::size_t store_unavailable = 0;
+  std::map<std::string, int> kinds;
   std::vector<std::string> unexpected;  ///< described, for the failure message
 
   void add(const Answer& a) {
-    if (!a.error.empty()) {
-      unexpected.push_back("key " + a.key + ": no answer: " + a.error);
-      return;
-    }
-    switch (kind_of(a.response)) {
-      case Kind::executed:
-        ++executed;
-        break;
-      case Kind::replayed:
-        ++replayed;
-        break;
-      case Kind::in_flight:
-        ++in_flight;
-        break;
-      case Kind::store_unavailable:
-        ++store_unavailable;
-        break;
-      case Kind::other:
-        unexpected.push_back("key " + a.key + ": " + describe(a.response));
-        break;
-    }
+    const std::string kind = kind_of(a);
+    ++kinds[kind];
+    if (allowed_kind(kind)) return;
+    unexpected.push_back("key " + a.key + ": " +
+                         (a.answered() ? describe(a.response) : "no answer: " + a.error));
   }
 
-  std::string text() const {
-    std::ostringstream out;
-    out << "executed=" << executed << " replayed=" << replayed << " in_flight=" << in_flight
-        << " store_unavailable=" << store_unavailable << " unexpected=" << unexpected.size();
-    return out.str();
+  std::size_t count(const std::string& kind) const {
+    const auto it = kinds.find(kind);
+    return it == kinds.end() ? 0 : static_cast<std::size_t>(it->second);
+  }
+
+  std::size_t answers() const {
+    std::size_t n = 0;
+    for (const auto& [kind, count] : kinds) n += static_cast<std::size_t>(count);
+    return n;
   }
 };
 
@@ -196,13 +139,11 @@ long long command_calls(const RedisCluster& cluster, const std::string& command)
 }
 
 Answer send(const Gateway& gateway, const std::string& key, int instance) {
-  Answer a{key, {}, {}};
-  try {
-    a.response = http_request(kLoopback, gateway.port(instance),
-                              keyed_post("/payments", key, payment_body(key)), kClientTimeout);
-  } catch (const std::exception& e) {
-    a.error = e.what();
-  }
+  Answer a;
+  static_cast<Timed&>(a) = timed_request(
+      gateway.port(instance), keyed_post("/payments", key, payment_body(key)), kClientTimeout);
+  a.instance = instance;
+  a.key = key;
   return a;
 }
 
@@ -251,19 +192,18 @@ BOOST_AUTO_TEST_CASE(spec_C42_c19_storm_over_a_three_primary_cluster_executes_ea
     }
   }
   for (const auto& u : total.unexpected) BOOST_TEST(false, "unexpected answer: " << u);
-  BOOST_TEST(total.executed + total.replayed + total.in_flight == kKeys * kPerKey);
+  BOOST_TEST(total.count("executed") + total.count("replayed") + total.count("409") ==
+             kKeys * kPerKey);
   for (const auto& key : keys) {
     BOOST_TEST_CONTEXT("key " << key) {
       const auto& answers = by_key[key];
       BOOST_TEST(answers.size() == kPerKey);
       std::vector<const HttpResponse*> executed;
       for (const auto* a : answers)
-        if (a->error.empty() && kind_of(a->response) == Kind::executed)
-          executed.push_back(&a->response);
+        if (kind_of(*a) == "executed") executed.push_back(&a->response);
       BOOST_TEST_REQUIRE(executed.size() == 1u, gateway.diagnostics());
       for (const auto* a : answers) {
-        if (a->error.empty() && kind_of(a->response) == Kind::replayed)
-          BOOST_TEST(a->response.body == executed.front()->body);
+        if (kind_of(*a) == "replayed") BOOST_TEST(a->response.body == executed.front()->body);
       }
     }
   }
@@ -277,30 +217,28 @@ BOOST_AUTO_TEST_CASE(spec_C42_c19_storm_over_a_three_primary_cluster_executes_ea
   const auto owners = cluster.owners();
   std::vector<std::size_t> per_node(cluster.size());
   std::vector<std::size_t> scanned(cluster.size());
-  const auto deadline = Clock::now() + kEventDeadline;
-  for (;;) {
-    std::fill(per_node.begin(), per_node.end(), 0);
-    std::size_t markers = 0;
-    std::vector<std::set<std::string>> on_node;
-    for (std::size_t n = 0; n < cluster.size(); ++n)
-      on_node.push_back(scan_node(cluster, n, "idemgate:lock:*"));
-    for (const auto& key : keys) {
-      const auto lock = lock_key_of(key);
-      const auto node = owners.at(key_slot(lock));
-      if (!on_node[node].contains(lock)) continue;
-      ++per_node[node];
-      const Reply value = cluster.command(node, {"GET", lock});
-      if (value.kind == Reply::Kind::string && idemgate::core::is_replay_marker(value.str))
-        ++markers;
-    }
-    for (std::size_t n = 0; n < cluster.size(); ++n) scanned[n] = on_node[n].size();
-    if (markers == kKeys) break;
-    if (Clock::now() > deadline) {
-      BOOST_TEST(markers == kKeys, "committed markers found: " << markers);
-      break;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
+  std::size_t markers = 0;
+  eventually(
+      [&] {
+        std::fill(per_node.begin(), per_node.end(), 0);
+        markers = 0;
+        std::vector<std::set<std::string>> on_node;
+        for (std::size_t n = 0; n < cluster.size(); ++n)
+          on_node.push_back(scan_node(cluster, n, "idemgate:lock:*"));
+        for (const auto& key : keys) {
+          const auto lock = lock_key_of(key);
+          const auto node = owners.at(key_slot(lock));
+          if (!on_node[node].contains(lock)) continue;
+          ++per_node[node];
+          const Reply value = cluster.command(node, {"GET", lock});
+          if (value.kind == Reply::Kind::string && idemgate::core::is_replay_marker(value.str))
+            ++markers;
+        }
+        for (std::size_t n = 0; n < cluster.size(); ++n) scanned[n] = on_node[n].size();
+        return markers == kKeys;
+      },
+      20ms);
+  BOOST_TEST(markers == kKeys, "committed markers found: " << markers);
   std::ostringstream nodes;
   for (std::size_t n = 0; n < cluster.size(); ++n) {
     BOOST_TEST(per_node[n] >= 1u, "node " << n << " holds none of the storm's lock keys");
@@ -308,7 +246,7 @@ BOOST_AUTO_TEST_CASE(spec_C42_c19_storm_over_a_three_primary_cluster_executes_ea
   }
   BOOST_TEST(scanned[0] + scanned[1] + scanned[2] == kKeys);
   std::cout << "figures scenario=c42_c19_storm keys=" << kKeys << " requests=" << kKeys * kPerKey
-            << " " << total.text() << " executions=" << executions
+            << " " << summary(total.kinds) << " executions=" << executions
             << " lock_keys_per_node=" << nodes.str() << " wall_ms=" << ms(wall) << std::endl;
 }
 
@@ -384,10 +322,10 @@ BOOST_AUTO_TEST_CASE(spec_C42_a_reshard_under_load_fails_nothing_beyond_on_store
     }
   }
   for (const auto& a : after) {
-    BOOST_TEST((a.error.empty() && kind_of(a.response) == Kind::executed),
-               "a new key in a moved slot did not execute: "
-                   << (a.error.empty() ? describe(a.response) : a.error) << "\n"
-                   << gateway.diagnostics());
+    BOOST_TEST(kind_of(a) == "executed", "a new key in a moved slot did not execute: "
+                                             << (a.error.empty() ? describe(a.response) : a.error)
+                                             << "\n"
+                                             << gateway.diagnostics());
   }
 
   Tally total;
@@ -413,7 +351,7 @@ BOOST_AUTO_TEST_CASE(spec_C42_a_reshard_under_load_fails_nothing_beyond_on_store
     const HttpResponse* executed = nullptr;
     std::size_t executions_of_key = 0;
     for (const auto* a : answers) {
-      if (a->error.empty() && kind_of(a->response) == Kind::executed) {
+      if (kind_of(*a) == "executed") {
         executed = &a->response;
         ++executions_of_key;
       }
@@ -421,7 +359,7 @@ BOOST_AUTO_TEST_CASE(spec_C42_a_reshard_under_load_fails_nothing_beyond_on_store
     BOOST_TEST(executions_of_key <= 1u, "key " << key << " executed " << executions_of_key);
     executed_keys += executions_of_key == 0 ? 0 : 1;
     for (const auto* a : answers) {
-      if (!a->error.empty() || kind_of(a->response) != Kind::replayed) continue;
+      if (kind_of(*a) != "replayed") continue;
       BOOST_TEST(executed != nullptr, "key " << key << " replayed without having executed");
       if (executed) BOOST_TEST(a->response.body == executed->body, "key " << key);
       ++replays_checked;
@@ -433,10 +371,8 @@ BOOST_AUTO_TEST_CASE(spec_C42_a_reshard_under_load_fails_nothing_beyond_on_store
   BOOST_TEST(during_reshard.load() > 0u, "no answer arrived while the slots moved");
 
   std::cout << "figures scenario=c42_reshard_under_load slots_moved=" << moved
-            << " reshard_ms=" << ms(reshard_time) << " answers="
-            << total.executed + total.replayed + total.in_flight + total.store_unavailable +
-                   total.unexpected.size()
-            << " answers_during_reshard=" << during_reshard.load() << " " << total.text()
+            << " reshard_ms=" << ms(reshard_time) << " answers=" << total.answers()
+            << " answers_during_reshard=" << during_reshard.load() << " " << summary(total.kinds)
             << " distinct_keys=" << by_key.size() << " executed_keys=" << executed_keys
             << " executions=" << executions << " replays_checked=" << replays_checked
             << " asking=" << command_calls(cluster, "asking")
@@ -460,7 +396,7 @@ BOOST_AUTO_TEST_CASE(keys_show_and_purge_reach_the_node_that_owns_the_key) {
 
   const Answer first = send(gateway, key, 0);
   BOOST_TEST_REQUIRE(first.error.empty(), first.error);
-  BOOST_TEST_REQUIRE((kind_of(first.response) == Kind::executed), describe(first.response));
+  BOOST_TEST_REQUIRE(kind_of(first) == "executed", describe(first.response));
   BOOST_TEST_REQUIRE(eventually([&] {
     const Reply held = cluster.command(owner, {"GET", lock});
     return held.kind == Reply::Kind::string && idemgate::core::is_replay_marker(held.str);

@@ -8,53 +8,36 @@
 #define BOOST_TEST_MODULE redis_sentinel_scale
 #include <signal.h>
 
-#include <atomic>
-#include <boost/json/parse.hpp>
-#include <boost/json/serialize.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <csignal>
 #include <future>
 #include <iostream>
 #include <map>
-#include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "gateway/core/replay_marker.hpp"
 #include "tests/e2e/gateway_fixture.hpp"
-#include "tests/fault/local_stores.hpp"
-#include "tests/ops/metric_text.hpp"
 #include "tests/scale/redis_sentinel.hpp"
+#include "tests/support/answers.hpp"
+#include "tests/support/keyed_load.hpp"
+#include "tests/support/local_stores.hpp"
+#include "tests/support/scraping.hpp"
 #include "tests/support/spec_bounds.hpp"
 
 namespace {
 
-namespace json = boost::json;
 using namespace std::chrono_literals;
 using namespace idemgate::test;
 using namespace idemgate::test::e2e;
-using idemgate::test::fault::LocalStores;
-using idemgate::test::ops::metric_value;
 using idemgate::test::scale::describe_reply;
 using idemgate::test::scale::RedisValue;
 using idemgate::test::scale::SentinelTopology;
-using Clock = std::chrono::steady_clock;
-
-// -------------------------------------------------------------------------------------------
-// Postgres of this binary alone (its Redis is unused: every gateway here follows the sentinels).
-
-struct PrivateStores {
-  PrivateStores() { instance = std::make_unique<LocalStores>(); }
-  ~PrivateStores() { instance.reset(); }
-  static inline std::unique_ptr<LocalStores> instance;
-};
 
 // -------------------------------------------------------------------------------------------
 // Bounds. The only times asserted as bounds on the gateway are SPEC's, each with the margin of
@@ -73,134 +56,9 @@ constexpr auto kRetryInterval = 20ms;            ///< between requests of one po
 constexpr auto kLoadPace = 20ms;                 ///< between keys of one load thread
 constexpr int kInstances = 2;                    ///< gateway processes per scenario
 constexpr int kLoadThreads = 4;                  ///< load clients, split over the instances
-const std::string kGatewayProblems = "https://idemgate.dev/problems/";
-
-std::int64_t ms(Clock::duration d) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
-}
-
-void report(const std::string& scenario, std::uint64_t executions, std::uint64_t distinct_keys) {
-  std::cout << "scenario=" << scenario << " executions=" << executions
-            << " distinct_keys=" << distinct_keys << std::endl;
-}
-
-/// A response, or the client's error, and when the exchange started and ended.
-struct Timed {
-  HttpResponse response;
-  std::string error;  ///< non-empty: no response (timeout, reset)
-  int instance = 0;
-  Clock::time_point start;
-  Clock::time_point done;
-  Clock::duration elapsed() const { return done - start; }
-};
-
-Timed send_timed(const Gateway& gateway, const HttpRequest& request, int instance) {
-  Timed t;
-  t.instance = instance;
-  t.start = Clock::now();
-  try {
-    t.response = http_request(kLoopback, gateway.port(instance), request, kClientTimeout);
-  } catch (const std::exception& e) {
-    t.error = e.what();
-  }
-  t.done = Clock::now();
-  return t;
-}
 
 HttpRequest payment_post(const std::string& host, const std::string& key) {
   return keyed_post("/payments", key, payment_body(unique_name("pay-c41")), {{"Host", host}});
-}
-
-bool replayed(const HttpResponse& r) {
-  return r.header("Idempotent-Replayed").value_or("") == "true";
-}
-
-bool success(const HttpResponse& r) {
-  return r.status == 200 || r.status == 201;
-}
-
-/// Executed now by the upstream under the contract: its own success, not a replay and not an
-/// unprotected forward.
-bool executed(const HttpResponse& r) {
-  return success(r) && !replayed(r) && !r.header("Idempotency-Status").has_value();
-}
-
-/// 409 problem+json of type request-in-flight with Retry-After (C18).
-bool in_flight(const HttpResponse& r) {
-  return r.status == 409 && problem_type(r) == kGatewayProblems + "request-in-flight" &&
-         r.header("Retry-After").has_value();
-}
-
-/// 503 problem+json of type store-unavailable with Retry-After (C25 fail_closed).
-bool store_unavailable(const HttpResponse& r) {
-  return r.status == 503 && problem_type(r) == kGatewayProblems + "store-unavailable" &&
-         r.header("Retry-After").has_value();
-}
-
-/// What an answer during and after a failover may be (C41): executed, a replay, 409 or 503.
-std::string kind_of(const Timed& t) {
-  if (!t.error.empty()) return "no-answer";
-  if (executed(t.response)) return "executed";
-  if (success(t.response) && replayed(t.response)) return "replayed";
-  if (in_flight(t.response)) return "409";
-  if (store_unavailable(t.response)) return "503";
-  return "other-" + std::to_string(t.response.status);
-}
-
-bool allowed_kind(const std::string& kind) {
-  return kind == "executed" || kind == "replayed" || kind == "409" || kind == "503";
-}
-
-std::string summary(const std::map<std::string, int>& kinds) {
-  std::string out;
-  for (const auto& [kind, n] : kinds)
-    out += (out.empty() ? "" : " ") + kind + "=" + std::to_string(n);
-  return out;
-}
-
-// -------------------------------------------------------------------------------------------
-// The admin endpoint of each instance (its port: Gateway::admin_port).
-
-std::vector<json::object> log_lines(const std::string& text, const std::string& msg) {
-  std::vector<json::object> out;
-  std::istringstream lines(text);
-  std::string line;
-  while (std::getline(lines, line)) {
-    json::error_code ec;
-    const json::value v = json::parse(line, ec);
-    if (ec || !v.is_object()) continue;
-    const auto* m = v.as_object().if_contains("msg");
-    if (m && m->is_string() && m->as_string() == msg) out.push_back(v.as_object());
-  }
-  return out;
-}
-
-std::string field(const json::object& line, const char* name) {
-  const auto* v = line.if_contains(name);
-  return v && v->is_string() ? std::string(v->as_string()) : "";
-}
-
-HttpResponse admin_get(const Gateway& gateway, int instance, const std::string& path) {
-  HttpRequest request;
-  request.target = path;
-  return http_request(kLoopback, gateway.admin_port(instance), request, kClientTimeout);
-}
-
-std::optional<double> metric(const Gateway& gateway, int instance, const std::string& name,
-                             const std::map<std::string, std::string>& labels = {}) {
-  return metric_value(admin_get(gateway, instance, "/metrics").body, name, labels);
-}
-
-std::optional<double> failovers(const Gateway& gateway, int instance) {
-  return metric(gateway, instance, "idemgate_store_failovers_total", {{"store", "redis"}});
-}
-
-/// idemgate_duplicate_executions_total summed over the instances (C36).
-std::uint64_t duplicates(const Gateway& gateway) {
-  double sum = 0;
-  for (int i = 0; i < gateway.instances(); ++i)
-    sum += metric(gateway, i, "idemgate_duplicate_executions_total").value_or(0);
-  return static_cast<std::uint64_t>(sum);
 }
 
 // -------------------------------------------------------------------------------------------
@@ -228,199 +86,34 @@ GatewayConfig sentinel_config(const SentinelTopology& topology, const PaymentSer
 /// One keyed request per instance must execute: the gateway serves through the sentinels'
 /// primary before any failover.
 void warm_up(const Gateway& gateway, const std::string& host) {
-  for (int i = 0; i < gateway.instances(); ++i) {
-    const Timed t = send_timed(gateway, payment_post(host, unique_name("c41-warm")), i);
-    BOOST_REQUIRE_MESSAGE(t.error.empty(), "warm-up on instance " << i << ": " << t.error << "\n"
-                                                                  << gateway.diagnostics());
-    BOOST_REQUIRE_MESSAGE(executed(t.response), "warm-up on instance "
-                                                    << i << " did not execute:\n"
-                                                    << gateway.explain(t.response));
-  }
+  idemgate::test::warm_up(gateway, [&] { return payment_post(host, unique_name("c41-warm")); });
 }
 
 /// Sends new keys to `instance` every kRetryInterval until one executes; returns that answer
 /// (or the last one when `deadline` passed first).
 Timed poll_until_executed(const Gateway& gateway, int instance, const std::string& host,
                           Clock::time_point deadline, std::map<std::string, int>& kinds) {
-  for (;;) {
-    const Timed t = send_timed(gateway, payment_post(host, unique_name("c41-poll")), instance);
-    ++kinds[kind_of(t)];
-    if ((t.error.empty() && executed(t.response)) || Clock::now() > deadline) return t;
-    std::this_thread::sleep_for(kRetryInterval);
-  }
+  Timed t;
+  eventually_by(
+      deadline,
+      [&] {
+        t = send_timed(gateway, payment_post(host, unique_name("c41-poll")), instance);
+        ++kinds[kind_of(t)];
+        return t.answered() && executed(t.response);
+      },
+      kRetryInterval);
+  return t;
 }
 
-// -------------------------------------------------------------------------------------------
-// Steady keyed load: each thread sends new keys to its instance and retries every answered key
-// once through the other instance.
-
-struct KeyRecord {
-  HttpRequest request;
-  std::vector<Timed> answers;
-};
-
-class KeyedLoad {
- public:
-  KeyedLoad(const Gateway& gateway, std::string host) : gateway_(gateway), host_(std::move(host)) {}
-  ~KeyedLoad() { stop(); }
-  KeyedLoad(const KeyedLoad&) = delete;
-  KeyedLoad& operator=(const KeyedLoad&) = delete;
-
-  void start() {
-    for (int t = 0; t < kLoadThreads; ++t) threads_.emplace_back([this, t] { run(t); });
-  }
-
-  void stop() {
-    stopping_ = true;
-    for (auto& t : threads_)
-      if (t.joinable()) t.join();
-    threads_.clear();
-  }
-
-  /// Answers recorded so far that executed.
-  std::size_t executions() const {
-    std::lock_guard lock(mutex_);
-    std::size_t n = 0;
-    for (const auto& r : records_)
-      for (const auto& a : r.answers) n += a.error.empty() && executed(a.response);
-    return n;
-  }
-
-  /// The end of the first execution on `instance` of a request sent after `after`.
-  std::optional<Clock::time_point> first_execution(int instance, Clock::time_point after) const {
-    std::lock_guard lock(mutex_);
-    std::optional<Clock::time_point> first;
-    for (const auto& r : records_) {
-      for (const auto& a : r.answers) {
-        if (a.instance != instance || a.start < after || !a.error.empty() || !executed(a.response))
-          continue;
-        if (!first || a.done < *first) first = a.done;
-      }
-    }
-    return first;
-  }
-
-  /// Every key with its answers, once stopped.
-  const std::vector<KeyRecord>& records() const { return records_; }
-
- private:
-  void run(int thread) {
-    const int instance = thread % kInstances;
-    while (!stopping_) {
-      KeyRecord record;
-      record.request = payment_post(host_, unique_name("c41-load"));
-      record.answers.push_back(send_timed(gateway_, record.request, instance));
-      if (record.answers.back().error.empty())
-        record.answers.push_back(send_timed(gateway_, record.request, (instance + 1) % kInstances));
-      {
-        std::lock_guard lock(mutex_);
-        records_.push_back(std::move(record));
-      }
-      std::this_thread::sleep_for(kLoadPace);
-    }
-  }
-
-  const Gateway& gateway_;
-  std::string host_;
-  std::atomic<bool> stopping_{false};
-  std::vector<std::thread> threads_;
-  mutable std::mutex mutex_;
-  std::vector<KeyRecord> records_;
-};
-
-/// Waits until the load has executed `n` requests; false after kEventDeadline.
-bool wait_for_executions(const KeyedLoad& load, std::size_t n) {
-  const auto deadline = Clock::now() + kEventDeadline;
-  while (load.executions() < n) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(kRetryInterval);
-  }
-  return true;
-}
-
-/// Waits until every instance executed a request sent after `after`; returns each instance's
-/// first such moment (nullopt for one that did not within kEventDeadline of `after`).
-std::vector<std::optional<Clock::time_point>> wait_for_recovery(const KeyedLoad& load,
-                                                                Clock::time_point after) {
-  std::vector<std::optional<Clock::time_point>> first(kInstances);
-  const auto deadline = after + kEventDeadline;
-  for (;;) {
-    bool all = true;
-    for (int i = 0; i < kInstances; ++i) {
-      if (!first[i]) first[i] = load.first_execution(i, after);
-      all &= first[i].has_value();
-    }
-    if (all || Clock::now() > deadline) return first;
-    std::this_thread::sleep_for(kRetryInterval);
-  }
-}
-
-/// What the load's answers add up to.
-struct LoadTally {
-  std::map<std::string, int> kinds;
-  std::size_t keys_answered_2xx = 0;  ///< keys with at least one 2xx answer
-  std::int64_t slowest_ms = 0;
-};
-
-/// Checks every answer of `records`: an answer at all, of an allowed kind (C41), within
-/// `bound` (a SPEC C25 bound: kStoreFaultBound). Counts them by kind.
-LoadTally check_answers(const std::vector<KeyRecord>& records, Clock::duration bound,
-                        const Gateway& gateway) {
-  LoadTally tally;
-  int reported = 0;
-  for (const auto& record : records) {
-    bool answered_2xx = false;
-    for (const auto& a : record.answers) {
-      const std::string kind = kind_of(a);
-      ++tally.kinds[kind];
-      tally.slowest_ms = std::max(tally.slowest_ms, ms(a.elapsed()));
-      answered_2xx |= a.error.empty() && success(a.response);
-      const bool ok = allowed_kind(kind) && a.done - a.start <= bound;  // SPEC C25
-      if (!ok && reported++ < 5) {
-        BOOST_TEST(allowed_kind(kind), "answer of kind " << kind << " on instance " << a.instance
-                                                         << ": " << a.error << "\n"
-                                                         << describe(a.response));
-        BOOST_TEST(ms(a.elapsed()) <= ms(bound),  // SPEC C25
-                   "answered after " << ms(a.elapsed()) << " ms");
-      } else if (!ok) {
-        BOOST_TEST(ok);  // counted, not described again
-      }
-    }
-    tally.keys_answered_2xx += answered_2xx;
-  }
-  if (reported) BOOST_TEST_MESSAGE(gateway.diagnostics());
-  return tally;
-}
-
-/// Every key answered 2xx is replayed now, byte for byte the first 2xx answer (C16, C36),
-/// through the instance that did not give that answer. Returns how many keys were checked.
-std::size_t check_replays(const std::vector<KeyRecord>& records, const Gateway& gateway) {
-  std::size_t checked = 0;
-  int reported = 0;
-  for (const auto& record : records) {
-    const Timed* first = nullptr;
-    for (const auto& a : record.answers) {
-      if (a.error.empty() && success(a.response)) {
-        first = &a;
-        break;
-      }
-    }
-    if (!first) continue;
-    ++checked;
-    const Timed again = send_timed(gateway, record.request, (first->instance + 1) % kInstances);
-    const bool same = again.error.empty() && replayed(again.response) &&
-                      again.response.status == first->response.status &&
-                      again.response.body == first->response.body;
-    if (!same && reported++ < 5) {
-      BOOST_TEST(same,
-                 "the retry of an answered key is not the replay of its first answer; first:\n"
-                     << describe(first->response) << "\nretry: " << again.error << "\n"
-                     << describe(again.response));
-    } else if (!same) {
-      BOOST_TEST(same);
-    }
-  }
-  return checked;
+/// Steady keyed load: each thread sends new keys to its instance and retries every answered key
+/// once through the other instance.
+KeyedLoad::Options load_on(const Gateway& gateway, const std::string& host) {
+  auto options =
+      KeyedLoad::on(gateway, [host] { return payment_post(host, unique_name("c41-load")); });
+  options.threads = kLoadThreads;
+  options.retry_elsewhere = true;
+  options.pace = kLoadPace;
+  return options;
 }
 
 }  // namespace
@@ -462,9 +155,9 @@ BOOST_AUTO_TEST_CASE(
   const auto posts = payments.counter("payment_posts");
   const auto inserted = payments.counter("payments_inserted");
 
-  KeyedLoad load(gateway, "load.test");
+  KeyedLoad load(load_on(gateway, "load.test"));
   load.start();
-  BOOST_REQUIRE_MESSAGE(wait_for_executions(load, 10), "no steady load\n" << gateway.diagnostics());
+  BOOST_REQUIRE_MESSAGE(load.wait_for_executions(10), "no steady load\n" << gateway.diagnostics());
   const auto killed = topology.kill_primary();
   // No primary answers until the promotion: not ready (C30, C41). A probe counts when the
   // replica still says it is a replica after the probe's answer: no primary existed while it
@@ -474,7 +167,7 @@ BOOST_AUTO_TEST_CASE(
   bool promotion_seen = false;
   for (int i = 0; i < kInstances && !promotion_seen; ++i) {
     while (!ready_during[i]) {
-      const unsigned status = admin_get(gateway, i, "/readyz").status;
+      const unsigned status = gateway.admin_get("/readyz", i).status;
       if (topology.node_command(replica, {"ROLE"}).elements.at(0).str != "slave") {
         promotion_seen = true;
         break;
@@ -484,7 +177,7 @@ BOOST_AUTO_TEST_CASE(
   }
   const auto promoted = topology.wait_for_promotion();
   const auto agreed = topology.wait_until_all_sentinels_agree();
-  const auto recovered = wait_for_recovery(load, killed);
+  const auto recovered = load.wait_for_recovery(killed);
   std::this_thread::sleep_for(500ms);  // some load after the recovery too
   load.stop();
 
@@ -494,7 +187,7 @@ BOOST_AUTO_TEST_CASE(
           ready_during[i].has_value(),
           "the promotion came before /readyz answered: not probed without a primary");
       BOOST_TEST(*ready_during[i] == 503u, "ready while no primary was reachable");
-      const HttpResponse ready = admin_get(gateway, i, "/readyz");
+      const HttpResponse ready = gateway.admin_get("/readyz", i);
       BOOST_TEST(ready.status == 200u, describe(ready));
     }
   }
@@ -514,7 +207,8 @@ BOOST_AUTO_TEST_CASE(
     }
   }
 
-  const LoadTally tally = check_answers(load.records(), kStoreFaultBound, gateway);  // SPEC C25
+  const LoadTally tally =
+      check_answers(load.records(), gateway, {.bound = kStoreFaultBound});  // SPEC C25
   const std::size_t replays_checked = check_replays(load.records(), gateway);
   const auto executions = payments.counter("payment_posts") - posts;
   const auto payments_made = payments.counter("payments_inserted") - inserted;
@@ -551,9 +245,9 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_keeps_every_lock_when_the_primary_
   const auto fast_posts = fast.counter("payment_posts");
   const auto fast_inserted = fast.counter("payments_inserted");
 
-  KeyedLoad load(gateway, "fast.test");
+  KeyedLoad load(load_on(gateway, "fast.test"));
   load.start();
-  BOOST_REQUIRE_MESSAGE(wait_for_executions(load, 10), "no steady load\n" << gateway.diagnostics());
+  BOOST_REQUIRE_MESSAGE(load.wait_for_executions(10), "no steady load\n" << gateway.diagnostics());
 
   // Requests at the upstream when the primary dies: their locks were acknowledged by the
   // replica (WAIT 1) before they were forwarded.
@@ -580,21 +274,12 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_keeps_every_lock_when_the_primary_
   // A 503 (the gateway not back yet) proves nothing: send again until the gateway decides.
   std::map<std::string, int> duplicate_kinds;
   for (int i = 0; i < kInFlight; ++i) {
-    const auto deadline = Clock::now() + kEventDeadline;
-    for (;;) {
-      const Timed t = send_timed(gateway, slow_requests[i], (i + 1) % kInstances);
-      const std::string kind = kind_of(t);
-      ++duplicate_kinds[kind];
-      if (kind == "503" && Clock::now() < deadline) {
-        std::this_thread::sleep_for(kRetryInterval);
-        continue;
-      }
-      BOOST_TEST(kind == "409", "a duplicate of an in-flight key got " << kind << "\n"
-                                                                       << describe(t.response)
-                                                                       << "\n"
-                                                                       << gateway.diagnostics());
-      break;
-    }
+    const Timed t = send_until_not_503(gateway, slow_requests[i], (i + 1) % kInstances,
+                                       kRetryInterval, &duplicate_kinds);
+    const std::string kind = kind_of(t);
+    BOOST_TEST(kind == "409", "a duplicate of an in-flight key got " << kind << "\n"
+                                                                     << describe(t.response) << "\n"
+                                                                     << gateway.diagnostics());
   }
   BOOST_TEST(slow.count("/payments") == static_cast<std::size_t>(kInFlight),
              "a duplicate of an in-flight key reached the upstream");
@@ -605,7 +290,7 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_keeps_every_lock_when_the_primary_
   slow.release();
   const auto released = Clock::now();
 
-  const auto recovered = wait_for_recovery(load, replica_back);
+  const auto recovered = load.wait_for_recovery(replica_back);
   std::vector<KeyRecord> in_flight_records;
   std::int64_t slowest_after_release_ms = 0;
   for (int i = 0; i < kInFlight; ++i) {
@@ -634,7 +319,7 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_keeps_every_lock_when_the_primary_
                           std::to_string(ms(*recovered[i] - replica_back));
   }
   // Requests the WAIT holds may take operation_timeout for the WAIT itself (SPEC C41, C25).
-  const LoadTally tally = check_answers(load.records(), kStoreFaultBound, gateway);
+  const LoadTally tally = check_answers(load.records(), gateway, {.bound = kStoreFaultBound});
   const std::size_t replays_checked =
       check_replays(load.records(), gateway) + check_replays(in_flight_records, gateway);
   // Every execution of the held upstream is a payment of its own key: no second layer there.
@@ -684,13 +369,7 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_fewer_acks_is_a_store_error_and_re
   // Released, not left to expire (lock_ttl 30 s): the retry executes as soon as the replica
   // acknowledges again.
   std::map<std::string, int> kinds;
-  Timed retry;
-  const auto deadline = Clock::now() + kEventDeadline;
-  do {
-    retry = send_timed(gateway, request, 0);
-    ++kinds[kind_of(retry)];
-  } while (kind_of(retry) == "503" && Clock::now() < deadline &&
-           (std::this_thread::sleep_for(kRetryInterval), true));
+  const Timed retry = send_until_not_503(gateway, request, 0, kRetryInterval, &kinds);
   BOOST_TEST(executed(retry.response), gateway.explain(retry.response));
   BOOST_TEST(!kinds.contains("409"), "the refused request left its lock behind");
   const auto executions = payments.counter("payment_posts") - posts;
@@ -732,13 +411,7 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_no_request_refused_for_too_few_ack
   // Each key again once the replica acknowledges: 503 until it does, never 409.
   std::map<std::string, int> kinds;
   for (const auto& request : requests) {
-    Timed retry;
-    const auto deadline = Clock::now() + kEventDeadline;
-    do {
-      retry = send_timed(gateway, request, 0);
-      ++kinds[kind_of(retry)];
-    } while (kind_of(retry) == "503" && Clock::now() < deadline &&
-             (std::this_thread::sleep_for(kRetryInterval), true));
+    const Timed retry = send_until_not_503(gateway, request, 0, kRetryInterval, &kinds);
     BOOST_TEST(executed(retry.response), gateway.explain(retry.response));
   }
   BOOST_TEST(!kinds.contains("409"), "a refused request left its lock behind: " << summary(kinds));
@@ -769,7 +442,7 @@ BOOST_AUTO_TEST_CASE(spec_C41_sentinels_naming_a_replica_get_no_lock_command_and
     BOOST_TEST(ms(t.elapsed()) <= ms(kStoreFaultBound),  // SPEC C25
                "answered after " << ms(t.elapsed()) << " ms");
   }
-  const HttpResponse ready = admin_get(gateway, 0, "/readyz");
+  const HttpResponse ready = gateway.admin_get("/readyz", 0);
   BOOST_TEST(ready.status == 503u, describe(ready));
   BOOST_TEST(payments.counter("payment_posts") == posts, "the upstream was called");
 
@@ -843,12 +516,12 @@ BOOST_AUTO_TEST_CASE(spec_C41_every_reconnect_authenticates_after_a_failover) {
   warm_up(gateway, "auth.test");
   const auto posts = payments.counter("payment_posts");
 
-  KeyedLoad load(gateway, "auth.test");
+  KeyedLoad load(load_on(gateway, "auth.test"));
   load.start();
-  BOOST_REQUIRE_MESSAGE(wait_for_executions(load, 4), "no steady load\n" << gateway.diagnostics());
+  BOOST_REQUIRE_MESSAGE(load.wait_for_executions(4), "no steady load\n" << gateway.diagnostics());
   const auto killed = topology.kill_primary();
   const auto promoted = topology.wait_for_promotion();
-  const auto recovered = wait_for_recovery(load, killed);
+  const auto recovered = load.wait_for_recovery(killed);
   load.stop();
 
   std::string figures;
@@ -863,7 +536,8 @@ BOOST_AUTO_TEST_CASE(spec_C41_every_reconnect_authenticates_after_a_failover) {
                  std::to_string(ms(*recovered[i] - promoted));
     }
   }
-  const LoadTally tally = check_answers(load.records(), kStoreFaultBound, gateway);  // SPEC C25
+  const LoadTally tally =
+      check_answers(load.records(), gateway, {.bound = kStoreFaultBound});  // SPEC C25
   report("C41_auth_after_failover", payments.counter("payment_posts") - posts,
          tally.keys_answered_2xx);
   std::cout << "figures scenario=C41_auth_after_failover kill_to_promotion_ms="
@@ -910,14 +584,8 @@ BOOST_AUTO_TEST_CASE(
 
   // The retry through the other instance: 503 until that instance found the new primary, then
   // it takes the (lost) lock and executes.
-  auto second = std::async(std::launch::async, [&] {
-    const auto deadline = Clock::now() + kEventDeadline;
-    for (;;) {
-      Timed t = send_timed(gateway, request, 1);
-      if (kind_of(t) != "503" || Clock::now() > deadline) return t;
-      std::this_thread::sleep_for(kRetryInterval);
-    }
-  });
+  auto second = std::async(std::launch::async,
+                           [&] { return send_until_not_503(gateway, request, 1, kRetryInterval); });
   BOOST_REQUIRE_MESSAGE(upstream.wait_for("/payments", 2),
                         "the retry never executed after the lock was lost\n"
                             << gateway.diagnostics());
@@ -970,7 +638,7 @@ BOOST_AUTO_TEST_CASE(spec_C41_sentinels_unreachable_keep_the_primary_that_still_
   // it is asking then may run out its own, and the command follows on the primary.
   BOOST_TEST(ms(t.elapsed()) <= ms(kRedisTimeout + kStoreFaultBound),  // SPEC C25, C41
              "the request took " << ms(t.elapsed()) << " ms");
-  BOOST_TEST(failovers(gateway, 0).value_or(-1) == 0.0, "no switch happened");
+  BOOST_TEST(failovers(gateway, 0, "redis").value_or(-1) == 0.0, "no switch happened");
 }
 
 BOOST_AUTO_TEST_CASE(spec_C46_each_instance_counts_and_logs_the_switch_to_the_new_primary_once) {
@@ -979,13 +647,7 @@ BOOST_AUTO_TEST_CASE(spec_C46_each_instance_counts_and_logs_the_switch_to_the_ne
   Gateway gateway(sentinel_config(topology, payments, "c46.test"), kInstances);
   warm_up(gateway, "c46.test");
   const std::string from = topology.primary_address();
-  for (int i = 0; i < kInstances; ++i) {
-    BOOST_TEST_CONTEXT("instance " << i << " before the failover") {
-      BOOST_TEST(failovers(gateway, i).value_or(-1) == 0,
-                 "idemgate_store_failovers_total{store=\"redis\"} is not exported as 0");
-      BOOST_TEST(log_lines(gateway.stderr_text(i), "store failover").empty());
-    }
-  }
+  check_no_failover(gateway, "redis");
 
   topology.kill_primary();
   const auto promoted = topology.wait_for_promotion();
@@ -1003,18 +665,7 @@ BOOST_AUTO_TEST_CASE(spec_C46_each_instance_counts_and_logs_the_switch_to_the_ne
     }
   }
 
-  for (int i = 0; i < kInstances; ++i) {
-    BOOST_TEST_CONTEXT("instance " << i << " after the failover") {
-      BOOST_TEST(failovers(gateway, i).value_or(-1) == 1, gateway.diagnostics());
-      const auto lines = log_lines(gateway.stderr_text(i), "store failover");
-      BOOST_TEST(lines.size() == 1u, gateway.diagnostics());
-      for (const auto& line : lines) {
-        BOOST_TEST(field(line, "store") == "redis", json::serialize(line));
-        BOOST_TEST(field(line, "from") == from, json::serialize(line));
-        BOOST_TEST(field(line, "to") == to, json::serialize(line));
-      }
-    }
-  }
+  check_one_failover(gateway, "redis", from, to);
   std::cout << "figures scenario=C46_failover_counted_once from=" << from << " to=" << to << " "
             << summary(kinds) << std::endl;
 }

@@ -1,4 +1,4 @@
-#include "tests/fault/local_stores.hpp"
+#include "tests/support/local_stores.hpp"
 
 #include <signal.h>
 
@@ -8,12 +8,12 @@
 #include <iterator>
 #include <sstream>
 #include <stdexcept>
-#include <thread>
 
 #include "tests/e2e/gateway_fixture.hpp"
+#include "tests/support/polling.hpp"
 #include "tests/support/process.hpp"
 
-namespace idemgate::test::fault {
+namespace idemgate::test {
 namespace {
 
 // initdb and a Postgres start on a loaded machine: a safety net against a hung script, not a
@@ -88,16 +88,16 @@ void LocalStores::freeze_redis() {
   if (::kill(pid, SIGSTOP) != 0)
     throw std::runtime_error("SIGSTOP to Redis " + std::to_string(pid) + " failed");
   // The state letter follows the command name in parentheses: T once the process is stopped.
-  const auto deadline = std::chrono::steady_clock::now() + e2e::kEventDeadline;
-  for (;;) {
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    const auto paren = text.rfind(')');
-    if (paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'T') return;
-    if (std::chrono::steady_clock::now() > deadline)
-      throw std::runtime_error("Redis " + std::to_string(pid) + " never showed as stopped");
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  const bool stopped = eventually(
+      [&] {
+        std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+        std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+        const auto paren = text.rfind(')');
+        return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'T';
+      },
+      std::chrono::milliseconds(1));
+  if (!stopped)
+    throw std::runtime_error("Redis " + std::to_string(pid) + " never showed as stopped");
 }
 
 void LocalStores::thaw_redis() {
@@ -130,4 +130,17 @@ std::string LocalStores::run(const std::vector<std::string>& args) const {
   return read_text_file(o.stdout_path);
 }
 
-}  // namespace idemgate::test::fault
+PrivateStores::PrivateStores() {
+  instance_ = std::make_unique<LocalStores>();
+}
+
+PrivateStores::~PrivateStores() {
+  instance_.reset();
+}
+
+LocalStores& PrivateStores::stores() {
+  if (!instance_) throw std::logic_error("the private stores are not running");
+  return *instance_;
+}
+
+}  // namespace idemgate::test

@@ -1,14 +1,16 @@
 #pragma once
-// Private Postgres and Redis for fault tests, run by the repository's own `scripts/local-stores`,
-// so that a test may stop, start, stall and disturb them without touching anyone else's stores.
+// Private Postgres and Redis for the fault and scale suites, run by the repository's own
+// `scripts/local-stores`, so that a test may stop, start, stall and disturb them without touching
+// anyone else's stores.
 
 #include <sys/types.h>
 
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
-namespace idemgate::test::fault {
+namespace idemgate::test {
 
 /// One `scripts/local-stores start` on free loopback ports (Postgres with fsync off), stopped
 /// with `local-stores stop DIR` by the destructor.
@@ -64,4 +66,21 @@ class LocalStores {
   std::string redis_address_;
 };
 
-}  // namespace idemgate::test::fault
+/// One LocalStores for a whole test binary, as a Boost.Test global fixture
+/// (`BOOST_TEST_GLOBAL_FIXTURE(PrivateStores)`): started before the first case, stopped after the
+/// last, so that the binary needs no store variables and shares no store with other suites.
+class PrivateStores {
+ public:
+  PrivateStores();
+  ~PrivateStores();
+  PrivateStores(const PrivateStores&) = delete;
+  PrivateStores& operator=(const PrivateStores&) = delete;
+
+  /// The running stores. Throws std::logic_error outside the fixture's lifetime.
+  static LocalStores& stores();
+
+ private:
+  static inline std::unique_ptr<LocalStores> instance_;
+};
+
+}  // namespace idemgate::test

@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-namespace idemgate::test::ops {
+namespace idemgate::test {
 
 /// The value of the sample `name{labels}` in Prometheus text: the first line whose metric name is
 /// `name` and whose label set contains every pair of `labels` (other labels may be present; pass
@@ -13,4 +13,4 @@ namespace idemgate::test::ops {
 std::optional<double> metric_value(const std::string& text, const std::string& name,
                                    const std::map<std::string, std::string>& labels = {});
 
-}  // namespace idemgate::test::ops
+}  // namespace idemgate::test

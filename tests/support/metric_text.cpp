@@ -1,9 +1,9 @@
-#include "tests/ops/metric_text.hpp"
+#include "tests/support/metric_text.hpp"
 
 #include <sstream>
 #include <string_view>
 
-namespace idemgate::test::ops {
+namespace idemgate::test {
 
 std::optional<double> metric_value(const std::string& text, const std::string& name,
                                    const std::map<std::string, std::string>& labels) {
@@ -39,4 +39,4 @@ std::optional<double> metric_value(const std::string& text, const std::string& n
   return std::nullopt;
 }
 
-}  // namespace idemgate::test::ops
+}  // namespace idemgate::test
