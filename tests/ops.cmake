@@ -2,7 +2,7 @@
 # binary's admin endpoints, reload, drain, `keys`, TLS on both sides (certificates made with the
 # openssl CLI at test time), readiness on private stores, and the compose file.
 add_library(idemgate_ops_support STATIC ops/ops_support.cpp)
-target_link_libraries(idemgate_ops_support PUBLIC idemgate_e2e_fixture OpenSSL::SSL)
+target_link_libraries(idemgate_ops_support PUBLIC idemgate_test_load OpenSSL::SSL)
 
 idemgate_test(metrics_test ops
   SOURCES ops/metrics_test.cpp

@@ -3,10 +3,7 @@
 // stores of its own (scripts/local-stores), so stopping Postgres or Redis here disturbs no other
 // suite; this executable points the fixture's variables at them.
 #define BOOST_TEST_MODULE ops_readiness_e2e
-#include <stdlib.h>
-
 #include <boost/test/unit_test.hpp>
-#include <thread>
 
 #include "tests/ops/ops_support.hpp"
 
@@ -15,12 +12,14 @@ namespace {
 
 // Readiness has no push notification: ask until it says `status` (or the deadline passes).
 HttpResponse wait_for_readiness(const OpsGateway& gateway, unsigned status) {
-  const auto deadline = std::chrono::steady_clock::now() + e2e::kEventDeadline;
-  for (;;) {
-    auto res = gateway.admin_get("/readyz");
-    if (res.status == status || std::chrono::steady_clock::now() > deadline) return res;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  HttpResponse res;
+  eventually(
+      [&] {
+        res = gateway.admin_get("/readyz");
+        return res.status == status;
+      },
+      std::chrono::milliseconds(20));
+  return res;
 }
 
 // The value of idemgate_ready in a scrape of the admin /metrics, or -1 when it is missing.
@@ -33,23 +32,18 @@ double scraped_ready(const OpsGateway& gateway) {
 // Scrapes until idemgate_ready is `value` (a store's stop or return is noticed by the next check
 // that meets it) or the deadline passes; the last value read.
 double wait_for_scraped_ready(const OpsGateway& gateway, double value) {
-  const auto deadline = std::chrono::steady_clock::now() + e2e::kEventDeadline;
-  for (;;) {
-    const double ready = scraped_ready(gateway);
-    if (ready == value || std::chrono::steady_clock::now() > deadline) return ready;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  double ready = -1;
+  eventually(
+      [&] {
+        ready = scraped_ready(gateway);
+        return ready == value;
+      },
+      std::chrono::milliseconds(20));
+  return ready;
 }
 
-}  // namespace
-
-BOOST_AUTO_TEST_CASE(spec_C31_idemgate_ready_follows_the_stores_at_each_scrape) {
-  PrivateStores stores;
-  ::setenv("IDEMGATE_PG_DSN", stores.pg_dsn().c_str(), 1);
-  ::setenv("IDEMGATE_PAYMENTS_DSN", stores.payments_dsn().c_str(), 1);
-  ::setenv("IDEMGATE_REDIS_ADDR", stores.redis_address().c_str(), 1);
-
-  e2e::TestUpstream upstream;
+// One keyed route to `upstream`, on the stores the fixture's variables name.
+std::string gateway_yaml(const e2e::TestUpstream& upstream) {
   e2e::GatewayConfig config;
   config.upstreams = {e2e::UpstreamConfig{"up", {upstream.address()}}};
   e2e::RouteConfig route;
@@ -58,7 +52,16 @@ BOOST_AUTO_TEST_CASE(spec_C31_idemgate_ready_follows_the_stores_at_each_scrape) 
   route.upstream = "up";
   route.mode = "required";
   config.routes = {route};
-  OpsGateway gateway(config.render());
+  return config.render();
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C31_idemgate_ready_follows_the_stores_at_each_scrape) {
+  LocalStores stores;  // the fixture's variables now point at these
+
+  e2e::TestUpstream upstream;
+  OpsGateway gateway(gateway_yaml(upstream));
 
   // Each scrape checks readiness itself: no /readyz request is made in this test.
   BOOST_TEST(scraped_ready(gateway) == 1.0);
@@ -73,21 +76,10 @@ BOOST_AUTO_TEST_CASE(spec_C31_idemgate_ready_follows_the_stores_at_each_scrape) 
 }
 
 BOOST_AUTO_TEST_CASE(spec_C30_readyz_is_503_naming_redis_while_it_is_down_and_200_once_back) {
-  PrivateStores stores;
-  ::setenv("IDEMGATE_PG_DSN", stores.pg_dsn().c_str(), 1);
-  ::setenv("IDEMGATE_PAYMENTS_DSN", stores.payments_dsn().c_str(), 1);
-  ::setenv("IDEMGATE_REDIS_ADDR", stores.redis_address().c_str(), 1);
+  LocalStores stores;  // the fixture's variables now point at these
 
   e2e::TestUpstream upstream;
-  e2e::GatewayConfig config;
-  config.upstreams = {e2e::UpstreamConfig{"up", {upstream.address()}}};
-  e2e::RouteConfig route;
-  route.name = "pay";
-  route.path_prefix = "/";
-  route.upstream = "up";
-  route.mode = "required";
-  config.routes = {route};
-  OpsGateway gateway(config.render());
+  OpsGateway gateway(gateway_yaml(upstream));
 
   const auto up = gateway.admin_get("/readyz");
   BOOST_TEST(up.status == 200u, e2e::describe(up));

@@ -2,7 +2,6 @@
 
 #include <signal.h>
 
-#include <array>
 #include <atomic>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -21,7 +20,6 @@
 #include <boost/json/parse.hpp>
 #include <boost/test/results_collector.hpp>
 #include <boost/test/unit_test.hpp>
-#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <fstream>
@@ -280,68 +278,6 @@ std::size_t TlsUpstream::requests() const {
 
 std::size_t TlsUpstream::failed_handshakes() const {
   return impl_->failed_handshakes.load();
-}
-
-// ---------------------------------------------------------------------------------------------
-
-PrivateStores::PrivateStores()
-    : script_(require_env("IDEMGATE_SOURCE_DIR") + "/scripts/local-stores") {
-  const std::string out = run("start");
-  std::istringstream in(out);
-  std::string line;
-  std::map<std::string, std::string> vars;
-  while (std::getline(in, line)) {
-    const std::string prefix = "export ";
-    const auto eq = line.find('=');
-    if (line.rfind(prefix, 0) != 0 || eq == std::string::npos) continue;
-    vars[line.substr(prefix.size(), eq - prefix.size())] = line.substr(eq + 1);
-  }
-  dir_ = vars["IDEMGATE_STORES_DIR"];
-  pg_dsn_ = vars["IDEMGATE_PG_DSN"];
-  payments_dsn_ = vars["IDEMGATE_PAYMENTS_DSN"];
-  redis_address_ = vars["IDEMGATE_REDIS_ADDR"];
-  if (dir_.empty() || pg_dsn_.empty() || redis_address_.empty()) {
-    throw std::runtime_error("local-stores start printed no store addresses:\n" + out);
-  }
-}
-
-PrivateStores::~PrivateStores() {
-  try {
-    run("stop '" + dir_ + "'");
-  } catch (const std::exception& e) {
-    BOOST_TEST_MESSAGE("stopping the private stores failed: " << e.what());
-  }
-}
-
-void PrivateStores::stop_redis() const {
-  run("stop-redis '" + dir_ + "'");
-}
-
-void PrivateStores::start_redis() const {
-  run("start-redis '" + dir_ + "'");
-}
-
-void PrivateStores::stop_pg() const {
-  run("stop-pg '" + dir_ + "'");
-}
-
-void PrivateStores::start_pg() const {
-  run("start-pg '" + dir_ + "'");
-}
-
-std::string PrivateStores::run(const std::string& args) const {
-  // fsync off: these stores live for one test; their start and stop take seconds less.
-  const std::string command = "IDEMGATE_PG_FSYNC=off bash '" + script_ + "' " + args + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) throw std::runtime_error("cannot run " + command);
-  std::string out;
-  std::array<char, 4096> chunk{};
-  while (const std::size_t n = std::fread(chunk.data(), 1, chunk.size(), pipe)) {
-    out.append(chunk.data(), n);
-  }
-  const int status = ::pclose(pipe);
-  if (status != 0) throw std::runtime_error(command + " failed:\n" + out);
-  return out;
 }
 
 }  // namespace idemgate::test::ops

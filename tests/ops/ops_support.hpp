@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tests/e2e/gateway_fixture.hpp"
+#include "tests/support/local_stores.hpp"
 #include "tests/support/metric_text.hpp"
 
 namespace idemgate::test::ops {
@@ -114,39 +115,6 @@ class TlsUpstream {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::uint16_t port_ = 0;
-};
-
-// ---------------------------------------------------------------------------------------------
-
-/// Postgres and Redis of this test alone, from `scripts/local-stores start` (Postgres with fsync
-/// off), so that a test may stop and start them without disturbing other suites. Stopped (`stop
-/// DIR`) by the destructor.
-class PrivateStores {
- public:
-  PrivateStores();
-  ~PrivateStores();
-  PrivateStores(const PrivateStores&) = delete;
-  PrivateStores& operator=(const PrivateStores&) = delete;
-
-  const std::string& pg_dsn() const { return pg_dsn_; }
-  const std::string& payments_dsn() const { return payments_dsn_; }
-  const std::string& redis_address() const { return redis_address_; }
-
-  void stop_redis() const;
-  void start_redis() const;
-  /// Stops Postgres (fast shutdown) and waits until its process is gone; the port stays
-  /// reserved.
-  void stop_pg() const;
-  /// Starts Postgres again on the same port; returns once it accepts connections.
-  void start_pg() const;
-
- private:
-  std::string run(const std::string& args) const;
-  std::string script_;
-  std::string dir_;
-  std::string pg_dsn_;
-  std::string payments_dsn_;
-  std::string redis_address_;
 };
 
 }  // namespace idemgate::test::ops

@@ -12,7 +12,6 @@
 // ctest runs it through tests/prometheus/if-prometheus: skipped where the prometheus package is
 // not installed.
 #define BOOST_TEST_MODULE prometheus_alerts_e2e
-#include <stdlib.h>
 
 #include <atomic>
 #include <boost/json/parse.hpp>
@@ -175,9 +174,6 @@ struct Scenario {
   ~Scenario() { current = nullptr; }
 
   std::string gateway_yaml() {
-    ::setenv("IDEMGATE_PG_DSN", stores.pg_dsn().c_str(), 1);
-    ::setenv("IDEMGATE_PAYMENTS_DSN", stores.payments_dsn().c_str(), 1);
-    ::setenv("IDEMGATE_REDIS_ADDR", stores.redis_address().c_str(), 1);
     e2e::GatewayConfig config;
     config.upstreams = {e2e::UpstreamConfig{"up", {upstream.address()}}};
     e2e::RouteConfig route;
@@ -202,7 +198,7 @@ struct Scenario {
     return prometheus.diagnostics() + "\n--- idemgate stderr (tail) ---\n" + gateway.stderr_tail();
   }
 
-  PrivateStores stores;
+  LocalStores stores;  // exports the fixture's variables: constructed before the gateway
   e2e::TestUpstream upstream;
   OpsGateway gateway;
   std::pair<std::string, std::size_t> rules;

@@ -18,13 +18,8 @@ namespace {
 
 namespace json = boost::json;
 
-/// Private stores whose addresses the fixture's variables point at.
-struct Stores : PrivateStores {
-  Stores() {
-    ::setenv("IDEMGATE_PG_DSN", pg_dsn().c_str(), 1);
-    ::setenv("IDEMGATE_PAYMENTS_DSN", payments_dsn().c_str(), 1);
-    ::setenv("IDEMGATE_REDIS_ADDR", redis_address().c_str(), 1);
-  }
+/// Private stores, which the fixture's variables point at (LocalStores exports them).
+struct Stores : LocalStores {
   /// The same server as the superuser (local-stores trusts loopback), for settings and rows
   /// the gateway's role may not change.
   std::string superuser_dsn() const {
