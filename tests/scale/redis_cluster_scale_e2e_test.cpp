@@ -23,6 +23,7 @@
 #include "tests/e2e/gateway_fixture.hpp"
 #include "tests/scale/redis_cluster.hpp"
 #include "tests/support/answers.hpp"
+#include "tests/support/keys_cli.hpp"
 #include "tests/support/local_stores.hpp"
 
 namespace {
@@ -402,22 +403,8 @@ BOOST_AUTO_TEST_CASE(keys_show_and_purge_reach_the_node_that_owns_the_key) {
     return held.kind == Reply::Kind::string && idemgate::core::is_replay_marker(held.str);
   }));
 
-  const auto shown =
-      run_keys(gateway.config_path(), gateway.dir(), {"show", "--route", kRoute, key});
-  BOOST_TEST(shown.status == 0, shown.err);
-  BOOST_TEST(shown.out.find("status 201\n") != std::string::npos, shown.out);
-  BOOST_TEST(shown.out.find("replay_marker present\n") != std::string::npos, shown.out);
-
-  const auto purged =
-      run_keys(gateway.config_path(), gateway.dir(), {"purge", "--route", kRoute, key});
-  BOOST_TEST(purged.status == 0, purged.err);
-  BOOST_TEST(purged.out.find("deleted record ") != std::string::npos, purged.out);
-  BOOST_TEST(purged.out.find("deleted replay marker " + lock) != std::string::npos, purged.out);
+  check_keys_show_and_purge(gateway, kRoute, key);
   BOOST_TEST(!cluster.holds(owner, lock));
-  const auto gone =
-      run_keys(gateway.config_path(), gateway.dir(), {"show", "--route", kRoute, key});
-  BOOST_TEST(gone.status == 1);
-  BOOST_TEST(gone.out == "not found\n");
 
   // Executed again: the payment service's own UNIQUE answers it with the existing payment (200).
   const Answer again = send(gateway, key, 0);

@@ -26,6 +26,7 @@
 #include "tests/scale/redis_sentinel.hpp"
 #include "tests/support/answers.hpp"
 #include "tests/support/keyed_load.hpp"
+#include "tests/support/keys_cli.hpp"
 #include "tests/support/local_stores.hpp"
 #include "tests/support/scraping.hpp"
 #include "tests/support/spec_bounds.hpp"
@@ -688,22 +689,8 @@ BOOST_AUTO_TEST_CASE(keys_show_and_purge_reach_the_primary_the_sentinels_name) {
     return held.kind == RedisValue::Kind::string && idemgate::core::is_replay_marker(held.str);
   }));
 
-  const auto shown =
-      run_keys(gateway.config_path(), gateway.dir(), {"show", "--route", "c41-cli", key});
-  BOOST_TEST(shown.status == 0, shown.err);
-  BOOST_TEST(shown.out.find("status 201\n") != std::string::npos, shown.out);
-  BOOST_TEST(shown.out.find("replay_marker present\n") != std::string::npos, shown.out);
-
-  const auto purged =
-      run_keys(gateway.config_path(), gateway.dir(), {"purge", "--route", "c41-cli", key});
-  BOOST_TEST(purged.status == 0, purged.err);
-  BOOST_TEST(purged.out.find("deleted record ") != std::string::npos, purged.out);
-  BOOST_TEST(purged.out.find("deleted replay marker " + lock) != std::string::npos, purged.out);
+  check_keys_show_and_purge(gateway, "c41-cli", key);
   BOOST_TEST(topology.node_command(topology.primary_port(), {"EXISTS", lock}).integer == 0);
-  const auto gone =
-      run_keys(gateway.config_path(), gateway.dir(), {"show", "--route", "c41-cli", key});
-  BOOST_TEST(gone.status == 1);
-  BOOST_TEST(gone.out == "not found\n");
 
   const Timed again = send_timed(gateway, request, 0);
   BOOST_TEST(executed(again.response), again.error << gateway.explain(again.response));
