@@ -1,7 +1,7 @@
 #pragma once
 // A PgBouncer on loopback for scale tests (SPEC C44): one `pgbouncer` child process on a free
 // 127.0.0.1 port, its configuration in a temporary directory, in front of a Postgres the test
-// already runs (tests/fault/local_stores.hpp), so that a test may put the gateway behind
+// already runs (tests/support/local_stores.hpp), so that a test may put the gateway behind
 // transaction pooling and stop and start the pooler under load.
 
 #include <chrono>
