@@ -291,19 +291,6 @@ class SmallAsanQuarantine {
   std::optional<std::string> saved_;
 };
 
-/// The JSON objects of a log, one a line (other lines skipped).
-std::vector<json::object> log_objects(const std::string& text) {
-  std::vector<json::object> out;
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    json::error_code ec;
-    auto v = json::parse(line, ec);
-    if (!ec && v.is_object()) out.push_back(std::move(v.as_object()));
-  }
-  return out;
-}
-
 std::string str(const json::object& o, const char* key) {
   const auto* v = o.if_contains(key);
   return v && v->is_string() ? std::string(v->as_string()) : "";
@@ -860,7 +847,7 @@ BOOST_AUTO_TEST_CASE(spec_C40_a_tunnel_logs_bytes_in_and_out_and_counts_open_tun
   BOOST_TEST(open_tunnels().value_or(-1) == 0.0);
 
   std::vector<json::object> tunnels;
-  for (const auto& o : log_objects(gateway.stderr_text()))
+  for (const auto& o : log_lines(gateway.stderr_text()))
     if (str(o, "outcome") == "tunnel") tunnels.push_back(o);
   BOOST_TEST_REQUIRE(tunnels.size() == 1u, gateway.diagnostics());
   const json::object& line = tunnels.front();

@@ -17,7 +17,6 @@
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
-#include <boost/json/parse.hpp>
 #include <boost/test/results_collector.hpp>
 #include <boost/test/unit_test.hpp>
 #include <cstdlib>
@@ -33,29 +32,8 @@ namespace {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = beast::http;
-namespace json = boost::json;
 using tcp = asio::ip::tcp;
 constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
-
-// A log line offers no event to wait on: poll the file at this interval.
-constexpr auto kPollInterval = std::chrono::milliseconds(10);
-
-std::vector<json::object> log_lines(const std::string& path) {
-  std::vector<json::object> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    json::error_code ec;
-    json::value v = json::parse(line, ec);
-    if (!ec && v.is_object()) out.push_back(std::move(v.as_object()));
-  }
-  return out;
-}
-
-bool has_msg(const json::object& line, const std::string& msg) {
-  const auto* m = line.if_contains("msg");
-  return m && m->is_string() && m->as_string() == msg;
-}
 
 }  // namespace
 
@@ -105,19 +83,13 @@ void OpsGateway::signal(int signo) {
 }
 
 std::size_t OpsGateway::log_count(const std::string& msg) const {
-  std::size_t n = 0;
-  for (const auto& line : log_lines(stderr_path_)) n += has_msg(line, msg) ? 1 : 0;
-  return n;
+  return test::log_lines(read_text_file(stderr_path_), msg).size();
 }
 
 bool OpsGateway::wait_for_log(const std::string& msg, std::size_t count) {
-  const auto deadline = std::chrono::steady_clock::now() + kEventDeadline;
-  for (;;) {
-    if (log_count(msg) >= count) return true;
-    if (!child_->running()) return log_count(msg) >= count;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(kPollInterval);
-  }
+  // A log line offers no event to wait on: the file is polled.
+  eventually([&] { return log_count(msg) >= count || !child_->running(); });
+  return log_count(msg) >= count;
 }
 
 std::optional<int> OpsGateway::wait_exit() {

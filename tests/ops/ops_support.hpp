@@ -15,6 +15,7 @@
 #include "tests/e2e/gateway_fixture.hpp"
 #include "tests/support/local_stores.hpp"
 #include "tests/support/metric_text.hpp"
+#include "tests/support/scraping.hpp"
 
 namespace idemgate::test::ops {
 
