@@ -40,7 +40,8 @@ class KeyedLoad {
     Clock::duration pace{};  ///< each thread's pause between two keys
   };
 
-  /// Options that send new_request()'s keys to the instances of `gateway`, spread over them.
+  /// Options that send new_request()'s keys to the instances of `gateway` (which must outlive
+  /// the load), spread over them.
   static Options on(const e2e::Gateway& gateway, std::function<HttpRequest()> new_request);
 
   explicit KeyedLoad(Options options);
