@@ -195,8 +195,14 @@ void IdempotencyFilter::settle(const asio::any_io_executor& executor, const Sha2
         if (ttl < std::chrono::milliseconds(1)) marker.reset();  // no time left: just release
         if (marker) {
           auto replaced = co_await lock_.replace(id, token, std::move(*marker), ttl);
-          if (!replaced && events_.store_error)
-            events_.store_error("lock replace", replaced.error());
+          if (replaced) co_return;
+          if (events_.store_error) events_.store_error("lock replace", replaced.error());
+          // The replace may never have reached Redis (it timed out queued behind a reconnect):
+          // the lock would then hold retries off as in-flight conflicts or Postgres lookups
+          // until lock_ttl (C25). Released by compare-and-delete, a marker that did land stays.
+          auto released = co_await lock_.release(id, std::move(token));
+          if (!released && events_.store_error)
+            events_.store_error("lock release", released.error());
         } else {
           auto released = co_await lock_.release(id, std::move(token));
           if (!released && events_.store_error)

@@ -616,6 +616,24 @@ BOOST_AUTO_TEST_CASE(spec_C17_a_mismatch_against_the_marker_is_decided_without_p
   BOOST_TEST(executions == 1);
 }
 
+BOOST_AUTO_TEST_CASE(spec_C25_a_failed_marker_write_releases_the_lock) {
+  // The committed marker cannot be written (Redis times the replace out): the lock must not
+  // stay behind until lock_ttl, or every retry meets it instead of putting the marker back.
+  lock.fail_replace = true;
+  const auto req = request("k1");
+  const FilterResult first = run(req, upstream(201, "paid"));
+  BOOST_TEST(static_cast<int>(first.outcome) == static_cast<int>(Outcome::executed));
+  BOOST_TEST(lock.replace_calls == 1);
+  BOOST_TEST(lock.owner(req.id).empty());
+  BOOST_TEST((store_errors == std::vector<std::string>{"lock replace"}));
+  lock.fail_replace = false;
+  const FilterResult retry = run(req, upstream(201, "again"));
+  BOOST_TEST(static_cast<int>(retry.outcome) == static_cast<int>(Outcome::replayed));
+  BOOST_TEST(retry.response.body == "paid");
+  BOOST_TEST(is_replay_marker(lock.owner(req.id)));  // the retry put the marker back
+  BOOST_TEST(executions == 1);
+}
+
 BOOST_AUTO_TEST_CASE(spec_C23_a_response_over_replay_cache_max_bytes_replays_through_postgres) {
   policy.replay_cache_max_bytes = 16;
   const auto req = request("k1");
