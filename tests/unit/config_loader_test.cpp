@@ -322,7 +322,7 @@ BOOST_AUTO_TEST_CASE(required_keys_are_named_when_missing) {
       "t.yaml:1: listen.port: required key is missing");
   BOOST_TEST(error_of(replace(kBase, "dsn:", "dns:")) ==
              "t.yaml:3: storage.postgres.dns: unknown key (expected one of: dsn, pool_size, "
-             "operation_timeout, prepared_statements)");
+             "operation_timeout, prepared_statements, max_pending)");
   BOOST_TEST(error_of(replace(kBase, "{ dsn: \"postgresql://idem@127.0.0.1:5432/idem\" }",
                               "{ pool_size: 4 }")) ==
              "t.yaml:3: storage.postgres.dsn: required key is missing");
