@@ -1,5 +1,6 @@
 #include "gateway/admin/admin_server.hpp"
 
+#include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
@@ -18,6 +19,7 @@
 #include <tuple>
 
 #include "gateway/http/body_reader.hpp"
+#include "gateway/http/connection_gate.hpp"
 #include "gateway/http/json_log.hpp"
 #include "gateway/http/use_nothrow.hpp"
 #include "storage/pg/pg_pool.hpp"
@@ -140,16 +142,22 @@ void log_failure(std::exception_ptr e, const char* what) {
 
 asio::awaitable<void> accept_loop(tcp::acceptor* acceptor, Stores stores,
                                   AdminServer::MetricsText* metrics_text) {
+  // Only for its once-a-second pause log (C52): the admin listener has no connection limit.
+  http::ConnectionGate pauses(0, "admin");
+  auto backoff = std::chrono::milliseconds(50);
   for (;;) {
     auto [ec, socket] = co_await acceptor->async_accept(use_nothrow);
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor->is_open()) co_return;
-      log_json(spdlog::level::warn, "admin accept failed", {{"error", ec.message()}});
+      if (ec == asio::error::connection_aborted) continue;  // that connection only
       // Out of descriptors (EMFILE) fails again at once: back off instead of spinning.
-      asio::steady_timer pause(acceptor->get_executor(), std::chrono::milliseconds(50));
+      pauses.note_pause(ec.message());
+      asio::steady_timer pause(acceptor->get_executor(), backoff);
       co_await pause.async_wait(use_nothrow);
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
       continue;
     }
+    backoff = std::chrono::milliseconds(50);
     asio::co_spawn(acceptor->get_executor(), serve(std::move(socket), stores, metrics_text),
                    [](std::exception_ptr e) { log_failure(e, "admin session failed"); });
   }
