@@ -185,6 +185,18 @@ bool eventually(const std::function<bool()>& condition) {
   return true;
 }
 
+std::vector<json::object> log_objects(const std::string& text) {
+  std::vector<json::object> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    json::error_code ec;
+    auto v = json::parse(line, ec);
+    if (!ec && v.is_object()) out.push_back(std::move(v.as_object()));
+  }
+  return out;
+}
+
 std::optional<std::uint16_t> logged_port(const std::string& stderr_path, const std::string& msg) {
   std::ifstream in(stderr_path);
   std::string line;
@@ -532,6 +544,7 @@ std::string GatewayConfig::render() const {
     << ", operation_timeout: " << postgres_operation_timeout;
   if (prepared_statements)
     y << ", prepared_statements: " << (*prepared_statements ? "true" : "false");
+  if (!postgres_extra.empty()) y << ", " << postgres_extra;
   y << " }\n"
     << "  redis: { ";
   if (redis.empty()) {
@@ -548,6 +561,8 @@ std::string GatewayConfig::render() const {
       << "    servers: " << yaml_list(u.servers, true) << "\n"
       << "    connect_timeout: " << u.connect_timeout << "\n"
       << "    request_timeout: " << u.request_timeout << "\n";
+    if (u.max_idle_connections)
+      y << "    max_idle_connections: " << *u.max_idle_connections << "\n";
   }
   y << "routes:\n";
   if (!routes_yaml.empty()) {
@@ -567,11 +582,12 @@ std::string GatewayConfig::render() const {
     if (!r.key_scope_headers.empty())
       y << "      key_scope: { headers: " << yaml_list(r.key_scope_headers) << " }\n";
     for (const auto& line : r.extra) y << "      " << line << "\n";
+    for (const auto& line : r.route_extra) y << "    " << line << "\n";
   }
   return y.str();
 }
 
-Gateway::Gateway(const GatewayConfig& config, int instances)
+Gateway::Gateway(const GatewayConfig& config, int instances, const GatewayProcess& process)
     : config_path_((dir_.path() / "gateway.yaml").string()) {
   {
     std::ofstream out(config_path_);
@@ -584,6 +600,8 @@ Gateway::Gateway(const GatewayConfig& config, int instances)
     ChildOptions o;
     o.executable = binary;
     o.args = {"--config", config_path_};
+    o.env = process.env;
+    o.open_files_limit = process.open_files_limit;
     o.stderr_path = (dir_.path() / ("idemgate-" + std::to_string(i) + ".log")).string();
     o.stdout_path = (dir_.path() / ("idemgate-" + std::to_string(i) + ".out")).string();
     stderr_paths_.push_back(o.stderr_path);

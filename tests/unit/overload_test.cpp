@@ -71,7 +71,8 @@ BOOST_AUTO_TEST_CASE(spec_C52_C53_C54_new_limits_are_read) {
   BOOST_TEST(c->routes.at(0).max_in_flight == 8u);
 }
 
-BOOST_AUTO_TEST_CASE(spec_C52_bad_connection_and_tunnel_limits_are_refused_naming_file_line_and_key) {
+BOOST_AUTO_TEST_CASE(
+    spec_C52_bad_connection_and_tunnel_limits_are_refused_naming_file_line_and_key) {
   BOOST_TEST(error_of(kBase + "limits: { max_connections: 0 }\n") ==
              "t.yaml:10: limits.max_connections: must be between 1 and 1000000, got 0");
   BOOST_TEST(error_of(kBase + "limits: { max_connections: 1000001 }\n") ==
@@ -86,8 +87,8 @@ BOOST_AUTO_TEST_CASE(spec_C52_bad_connection_and_tunnel_limits_are_refused_namin
              "t.yaml:10: limits.max_tunnels: must be between 0 and 1000000, got 2000000");
   BOOST_TEST(error_of(kBase + "limits: { max_tunnels: 1.5 }\n") ==
              "t.yaml:10: limits.max_tunnels: expected an integer, got \"1.5\"");
-  BOOST_TEST(error_of(kBase + "limits: { max_conections: 10 }\n").starts_with(
-      "t.yaml:10: limits.max_conections: unknown key"));
+  BOOST_TEST(error_of(kBase + "limits: { max_conections: 10 }\n")
+                 .starts_with("t.yaml:10: limits.max_conections: unknown key"));
 }
 
 BOOST_AUTO_TEST_CASE(spec_C53_bad_max_in_flight_is_refused_naming_file_line_and_key) {
@@ -158,7 +159,7 @@ BOOST_AUTO_TEST_CASE(spec_C52_a_parked_acceptor_is_woken_by_a_close_and_paused_t
   BOOST_TEST(!gate.take_or_park(&acceptor, [&] { ++woken; }));  // parked, nothing taken
   BOOST_TEST(gate.taken() == 1u);
   BOOST_TEST(gate.paused_seconds() > 0.0);  // the clock runs while an acceptor is parked
-  gate.give_back();  // a connection closed
+  gate.give_back();                         // a connection closed
   BOOST_TEST(woken == 1);
   const double paused = gate.paused_seconds();
   BOOST_TEST(gate.paused_seconds() == paused);  // no acceptor parked: the count stands still
