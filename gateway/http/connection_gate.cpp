@@ -94,6 +94,7 @@ double ConnectionGate::paused_seconds() const {
 
 void ConnectionGate::note_pause(std::string_view reason) {
   std::uint64_t count = 0;
+  std::chrono::system_clock::time_point wall;
   {
     std::lock_guard lock(log_mutex_);
     ++unreported_;
@@ -101,11 +102,15 @@ void ConnectionGate::note_pause(std::string_view reason) {
     if (logged_ && now - last_line_ < std::chrono::seconds(1)) return;
     logged_ = true;
     last_line_ = now;
+    // The line's time is this reading's: lines are a second apart by it too.
+    wall = std::chrono::system_clock::now();
     count = std::exchange(unreported_, 0);
   }
   // Outside the mutex: the line is written by the logger's own thread anyway.
-  boost::json::object fields{
-      {"listener", listener_}, {"reason", std::string(reason)}, {"count", count}};
+  boost::json::object fields{{"time", format_rfc3339(wall)},
+                             {"listener", listener_},
+                             {"reason", std::string(reason)},
+                             {"count", count}};
   if (max_ > 0) {
     fields["client_connections"] = taken();
     fields["max_connections"] = max_;
