@@ -10,7 +10,7 @@ namespace idemgate {
 
 DescriptorBudget descriptor_budget(const config::Config& config, std::uint64_t open_files) {
   const std::uint64_t threads = static_cast<std::uint64_t>(std::max(1, config.threads));
-  std::uint64_t reserved = 32 + 4 * threads + 16;
+  std::uint64_t reserved = 32 + 4 * threads + 24;
 
   const auto pool = static_cast<std::uint64_t>(std::max(1, config.storage.postgres.pool_size));
   reserved += threads * ((pool + threads - 1) / threads) + 1;

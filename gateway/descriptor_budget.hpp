@@ -25,8 +25,8 @@ struct DescriptorBudget {
 /// The budget for `config` under a limit of `open_files` descriptors. Pure. What is reserved,
 /// with `threads` = config.threads (≥ 1):
 /// - 32 for the process (standard streams, the log writer, the resolver, signals, files read at
-///   start), 4 per io thread (event loop, wake-ups, timers, listener), 16 for the admin
-///   listener (its connections and its own store probes);
+///   start), 4 per io thread (event loop, wake-ups, timers, listener), 24 for the admin
+///   listener (itself, its at most 16 connections, its own store probes);
 /// - Postgres: threads × ceil(pool_size / threads) for the request pools, 1 for the cleaner;
 /// - Redis per io thread (twice with wait_replicas): 1 connection to a single server, sentinels
 ///   + 1 under Sentinel, 2 × max(3, seed nodes) for a Cluster (seed and primary connections);

@@ -118,9 +118,9 @@ BOOST_AUTO_TEST_SUITE(descriptor_budget)
 BOOST_AUTO_TEST_CASE(spec_C52_default_max_connections_leaves_room_for_upstream_and_store_sides) {
   // threads 2, pool_size 8, one Redis, one upstream with max_idle_connections 64 (the defaults).
   auto c = std::make_shared<cfg::Config>(*load(kBase + "threads: 2\n"));
-  // 32 + 4 × 2 + 16 (process, io threads, admin) + 8 + 1 (Postgres) + 2 (Redis) + 128 (idle).
+  // 32 + 4 × 2 + 24 (process, io threads, admin) + 8 + 1 (Postgres) + 2 (Redis) + 128 (idle).
   const auto budget = idemgate::descriptor_budget(*c, 1024);
-  BOOST_TEST(budget.reserved == 32u + 8u + 16u + 9u + 2u + 128u);
+  BOOST_TEST(budget.reserved == 32u + 8u + 24u + 9u + 2u + 128u);
   // Each client connection may need an upstream connection at the same time.
   BOOST_TEST(budget.max_connections == (1024u - budget.reserved) / 2u);
   BOOST_TEST(2 * budget.max_connections + budget.reserved <= 1024u);
