@@ -7,6 +7,11 @@ target_link_libraries(idemgate_test_redis_cluster PUBLIC idemgate_test_support i
 idemgate_test(redis_cluster_scale_test scale SOURCES scale/redis_cluster_scale_test.cpp
   LIBS idemgate_test_redis_cluster idemgate_redis)
 
+# The LockService contract on the Sentinel-named primary and on a 3-primary cluster, both started
+# by the binary, through the product's own client; and a lost reply undone on each.
+idemgate_test(redis_lock_scale_test scale SOURCES scale/redis_lock_scale_test.cpp
+  LIBS idemgate_test_redis_sentinel idemgate_test_redis_cluster idemgate_redis)
+
 # A Redis with an ACL user limited to the lock keys, restarted under keyed load: every reconnect
 # authenticates first. Postgres comes from scripts/local-stores (a private one, like fault).
 idemgate_test(redis_auth_scale_e2e_test scale
@@ -22,11 +27,16 @@ idemgate_test(redis_cluster_scale_e2e_test scale
 # The test starts both binaries; build them with it.
 add_dependencies(redis_cluster_scale_e2e_test idemgate payment-service)
 
+# A Sentinel deployment (primary, replica, three sentinels) a test starts and fails over.
+add_library(idemgate_test_redis_sentinel STATIC scale/redis_sentinel.cpp)
+target_link_libraries(idemgate_test_redis_sentinel
+  PUBLIC idemgate_e2e_fixture idemgate_redis PRIVATE PkgConfig::HIREDIS)
+
 # The real gateway and payment service against a Sentinel deployment the test binary fails
 # over, plus a private Postgres (scripts/local-stores), so the suite needs no store variables.
 idemgate_test(redis_sentinel_scale_e2e_test scale
-  SOURCES scale/redis_sentinel_scale_e2e_test.cpp scale/redis_sentinel.cpp fault/local_stores.cpp
-  LIBS idemgate_e2e_fixture idemgate_ops_support idemgate_redis PkgConfig::HIREDIS)
+  SOURCES scale/redis_sentinel_scale_e2e_test.cpp fault/local_stores.cpp
+  LIBS idemgate_test_redis_sentinel idemgate_ops_support PkgConfig::HIREDIS)
 # The test starts both binaries; build them with it.
 add_dependencies(redis_sentinel_scale_e2e_test idemgate payment-service)
 
@@ -68,6 +78,6 @@ idemgate_test(pgbouncer_scale_e2e_test scale
 # The test starts both binaries; build them with it.
 add_dependencies(pgbouncer_scale_e2e_test idemgate payment-service)
 
-idemgate_starts_stores(redis_cluster_scale_test redis_auth_scale_e2e_test
+idemgate_starts_stores(redis_cluster_scale_test redis_lock_scale_test redis_auth_scale_e2e_test
   redis_cluster_scale_e2e_test redis_sentinel_scale_e2e_test haproxy_scale_e2e_test
   pg_partitions_scale_e2e_test pg_failover_scale_e2e_test pgbouncer_scale_e2e_test)

@@ -1,13 +1,15 @@
 #include "gateway/admin/keys_command.hpp"
 
-#include <hiredis/hiredis.h>
 #include <libpq-fe.h>
 
 #include <algorithm>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/beast/http/fields.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
-#include <charconv>
+#include <chrono>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <span>
@@ -29,16 +31,8 @@ struct PgDeleter {
 struct PgResultDeleter {
   void operator()(PGresult* r) const { PQclear(r); }
 };
-struct RedisDeleter {
-  void operator()(redisContext* c) const { redisFree(c); }
-};
-struct ReplyDeleter {
-  void operator()(redisReply* r) const { freeReplyObject(r); }
-};
 using PgPtr = std::unique_ptr<PGconn, PgDeleter>;
 using ResultPtr = std::unique_ptr<PGresult, PgResultDeleter>;
-using RedisPtr = std::unique_ptr<redisContext, RedisDeleter>;
-using ReplyPtr = std::unique_ptr<redisReply, ReplyDeleter>;
 
 constexpr const char* kShow =
     "SELECT route, status,"
@@ -147,176 +141,64 @@ ResultPtr exec_with_id(PGconn* conn, const char* sql, const core::Sha256& id) {
   return ResultPtr(PQexecParams(conn, sql, 1, nullptr, values, lengths, formats, 0));
 }
 
-/// One blocking connection to `host:port`, authenticated (AUTH, SELECT) as `options` says.
-RedisPtr open_redis(const std::string& host, std::uint16_t port, const std::string& username,
-                    const std::string& password, int db, config::Duration operation_timeout,
-                    std::ostream& err) {
-  const auto timeout = std::chrono::duration_cast<std::chrono::microseconds>(
-      std::max(operation_timeout, config::Duration(std::chrono::seconds(2))));
-  timeval tv{static_cast<time_t>(timeout.count() / 1'000'000),
-             static_cast<suseconds_t>(timeout.count() % 1'000'000)};
-  RedisPtr ctx(redisConnectWithTimeout(host.c_str(), port, tv));
-  if (!ctx || ctx->err) {
-    err << "idemgate keys: cannot connect to Redis at " << storage::redis::endpoint_text(host, port)
-        << ": " << (ctx ? ctx->errstr : "out of memory") << "\n";
-    return nullptr;
-  }
-  redisSetTimeout(ctx.get(), tv);
-  auto check = [&](ReplyPtr reply, const char* what) {
-    if (!reply || reply->type == REDIS_REPLY_ERROR) {
-      err << "idemgate keys: Redis " << what
-          << " failed: " << (reply ? std::string(reply->str, reply->len) : std::string(ctx->errstr))
-          << "\n";
-      return false;
+/// Runs `body` to its end on `io`, the CLI's own event loop (the product's Redis client runs on
+/// it as on an io thread), and returns its value.
+template <class T>
+T run_on(boost::asio::io_context& io, boost::asio::awaitable<T> body) {
+  std::optional<T> out;
+  std::exception_ptr failure;
+  boost::asio::co_spawn(io, std::move(body), [&](std::exception_ptr e, T value) {
+    if (e) {
+      failure = e;
+    } else {
+      out = std::move(value);
     }
-    return true;
-  };
-  if (!password.empty()) {
-    ReplyPtr auth(static_cast<redisReply*>(
-        username.empty() ? redisCommand(ctx.get(), "AUTH %b", password.data(), password.size())
-                         : redisCommand(ctx.get(), "AUTH %b %b", username.data(), username.size(),
-                                        password.data(), password.size())));
-    if (!check(std::move(auth), "AUTH")) return nullptr;
-  }
-  if (db != 0 &&
-      !check(ReplyPtr(static_cast<redisReply*>(redisCommand(ctx.get(), "SELECT %d", db))),
-             "SELECT")) {
-    return nullptr;
-  }
-  return ctx;
+    io.stop();  // an open Redis connection keeps a read armed: run() would not return
+  });
+  io.restart();
+  io.run();
+  if (failure) std::rethrow_exception(failure);
+  return std::move(*out);
 }
 
-/// The primary that holds `key`: the single server; under Sentinel the node the sentinels name,
-/// once it says it is the primary (SPEC C41); in a cluster the node owning the key's slot,
-/// found by following `MOVED` from a seed node (SPEC C42).
-RedisPtr connect_redis(const config::Redis& options, const std::string& key, std::ostream& err) {
-  using Mode = config::Redis::Mode;
-  if (options.mode == Mode::standalone) {
-    return open_redis(options.address, options.port, options.username, options.password, options.db,
-                      options.operation_timeout, err);
-  }
-  if (options.mode == Mode::sentinel) {
-    for (const auto& sentinel : options.sentinels) {
-      RedisPtr s = open_redis(sentinel.host, sentinel.port, options.sentinel_username,
-                              options.sentinel_password, 0, options.operation_timeout, err);
-      if (!s) continue;
-      ReplyPtr addr(static_cast<redisReply*>(
-          redisCommand(s.get(), "SENTINEL get-master-addr-by-name %b", options.master_name.data(),
-                       options.master_name.size())));
-      const std::string who = storage::redis::endpoint_text(sentinel.host, sentinel.port);
-      if (!addr || addr->type != REDIS_REPLY_ARRAY || addr->elements != 2 ||
-          addr->element[0]->type != REDIS_REPLY_STRING ||
-          addr->element[1]->type != REDIS_REPLY_STRING) {
-        err << "idemgate keys: sentinel " << who << " does not name a primary for "
-            << options.master_name;
-        if (addr && addr->type == REDIS_REPLY_ERROR)
-          err << ": " << std::string(addr->str, addr->len);
-        err << "\n";
-        continue;
-      }
-      const std::string host(addr->element[0]->str, addr->element[0]->len);
-      const std::string_view port_text(addr->element[1]->str, addr->element[1]->len);
-      int port = 0;
-      const auto [end, ec] =
-          std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-      if (ec != std::errc{} || end != port_text.data() + port_text.size() || port <= 0 ||
-          port > 65535) {
-        err << "idemgate keys: sentinel " << who << " names a bad port '" << port_text << "'\n";
-        continue;
-      }
-      RedisPtr primary = open_redis(host, static_cast<std::uint16_t>(port), options.username,
-                                    options.password, options.db, options.operation_timeout, err);
-      if (!primary) continue;
-      ReplyPtr role(static_cast<redisReply*>(redisCommand(primary.get(), "ROLE")));
-      if (role && role->type == REDIS_REPLY_ARRAY && role->elements > 0 &&
-          role->element[0]->type == REDIS_REPLY_STRING &&
-          std::string_view(role->element[0]->str, role->element[0]->len) == "master") {
-        return primary;
-      }
-      err << "idemgate keys: "
-          << storage::redis::endpoint_text(host, static_cast<std::uint16_t>(port))
-          << " is not the primary\n";
-    }
-    err << "idemgate keys: no sentinel named a reachable primary for " << options.master_name
-        << "\n";
-    return nullptr;
-  }
-  for (const auto& seed : options.cluster) {
-    std::string host = seed.host;
-    std::uint16_t port = seed.port;
-    for (int redirects = 0; redirects < 5; ++redirects) {
-      RedisPtr node = open_redis(host, port, options.username, options.password, 0,
-                                 options.operation_timeout, err);
-      if (!node) break;
-      ReplyPtr probe(
-          static_cast<redisReply*>(redisCommand(node.get(), "EXISTS %b", key.data(), key.size())));
-      if (!probe) break;
-      if (probe->type != REDIS_REPLY_ERROR) return node;
-      // "MOVED <slot> <host>:<port>": the slot lives on another primary.
-      const std::string text(probe->str, probe->len);
-      const auto space = text.rfind(' ');
-      const auto colon = text.rfind(':');
-      if (text.starts_with("ASK ")) {
-        err << "idemgate keys: the key's slot is moving between cluster nodes right now; try "
-               "again when the migration is done\n";
-        return nullptr;
-      }
-      if (!text.starts_with("MOVED ") || space == std::string::npos || colon == std::string::npos ||
-          colon < space) {
-        err << "idemgate keys: Redis cluster node " << storage::redis::endpoint_text(host, port)
-            << ": " << text << "\n";
-        break;
-      }
-      int moved_port = 0;
-      const auto [end, ec] =
-          std::from_chars(text.data() + colon + 1, text.data() + text.size(), moved_port);
-      if (ec != std::errc{} || end != text.data() + text.size() || moved_port <= 0 ||
-          moved_port > 65535) {
-        err << "idemgate keys: Redis cluster node " << storage::redis::endpoint_text(host, port)
-            << ": " << text << "\n";
-        break;
-      }
-      std::string moved_host = text.substr(space + 1, colon - space - 1);
-      if (moved_host.size() >= 2 && moved_host.front() == '[' && moved_host.back() == ']') {
-        moved_host = moved_host.substr(1, moved_host.size() - 2);
-      }
-      // An empty host: the node that answered (it does not know its own address).
-      if (!moved_host.empty()) host = std::move(moved_host);
-      port = static_cast<std::uint16_t>(moved_port);
-    }
-  }
-  err << "idemgate keys: no Redis cluster node answered for the key\n";
-  return nullptr;
-}
+/// The lock key's server through the gateway's own Redis client: the single server, the
+/// primary the sentinels name (SPEC C41) or the cluster node owning the key's slot, following
+/// MOVED and ASK (SPEC C42).
+class LockKeyStore {
+ public:
+  explicit LockKeyStore(const config::Redis& options)
+      : client_(
+            storage::redis::make_redis_client(io_.get_executor(), cli_options(options), nullptr)) {}
 
-// The integer reply of `DEL key`, or nullopt on error.
-std::optional<long long> redis_key_command(redisContext* ctx, const char* command,
-                                           const std::string& key, std::ostream& err) {
-  ReplyPtr reply(
-      static_cast<redisReply*>(redisCommand(ctx, "%s %b", command, key.data(), key.size())));
-  if (!reply || reply->type != REDIS_REPLY_INTEGER) {
-    err << "idemgate keys: Redis " << command << " failed: "
-        << (reply ? std::string(reply->str ? reply->str : "", reply->len)
-                  : std::string(ctx->errstr))
-        << "\n";
+  /// The reply to `command` on `key`'s server; nullopt (with the reason on `err`) when the
+  /// store failed or answered an error.
+  std::optional<storage::redis::Reply> run(const std::string& key, storage::redis::Command command,
+                                           std::ostream& err) {
+    const std::string name = command.front();
+    auto reply = run_on(io_, client_->execute(key, std::move(command)));
+    if (reply && !reply->is_error()) return std::move(*reply);
+    err << "idemgate keys: Redis " << name << " failed: ";
+    if (reply) {
+      err << reply->str << "\n";
+      return std::nullopt;
+    }
+    // The probe says what is wrong in the operator's terms (which sentinel, which node).
+    const std::string why = run_on(io_, client_->probe());
+    err << (why.empty() ? reply.error().message() : why) << "\n";
     return std::nullopt;
   }
-  return reply->integer;
-}
 
-// What `GET key` holds: nullopt on error, "" when the key is absent.
-std::optional<std::string> redis_get(redisContext* ctx, const std::string& key, std::ostream& err) {
-  ReplyPtr reply(static_cast<redisReply*>(redisCommand(ctx, "GET %b", key.data(), key.size())));
-  if (reply && reply->type == REDIS_REPLY_NIL) return std::string();
-  if (!reply || reply->type != REDIS_REPLY_STRING) {
-    err << "idemgate keys: Redis GET failed: "
-        << (reply ? std::string(reply->str ? reply->str : "", reply->len)
-                  : std::string(ctx->errstr))
-        << "\n";
-    return std::nullopt;
+ private:
+  static config::Redis cli_options(config::Redis options) {
+    // An operator's one-off command, not the request path: a slow store gets a moment more.
+    options.operation_timeout =
+        std::max(options.operation_timeout, config::Duration(std::chrono::seconds(2)));
+    return options;
   }
-  return std::string(reply->str, reply->len);
-}
+
+  boost::asio::io_context io_;  // before the client, which must go first
+  std::unique_ptr<storage::redis::RedisClient> client_;
+};
 
 }  // namespace
 
@@ -354,8 +236,12 @@ int run_keys(const config::Config& config, const KeysRequest& request, std::ostr
 
   const PgPtr pg = connect_pg(config.storage.postgres.dsn, err);
   if (!pg) return kKeysNotFound;
-  const RedisPtr redis = connect_redis(config.storage.redis, lock_key, err);
-  if (!redis) return kKeysNotFound;
+  LockKeyStore redis(config.storage.redis);
+  // The lock key holds an owner token while a request is in flight, and the committed marker
+  // (C23) once its record is committed.
+  const auto got = redis.run(lock_key, {"GET", lock_key}, err);
+  if (!got) return kKeysNotFound;
+  const std::string value = got->kind == storage::redis::Reply::Kind::string ? got->str : "";
 
   if (request.action == KeysRequest::Action::show) {
     const ResultPtr rows = exec_with_id(pg.get(), kShow, id);
@@ -363,12 +249,8 @@ int run_keys(const config::Config& config, const KeysRequest& request, std::ostr
       err << "idemgate keys: " << PQerrorMessage(pg.get());
       return kKeysNotFound;
     }
-    // The lock key holds an owner token while a request is in flight, and the committed
-    // marker (C23) once its record is committed.
-    const auto value = redis_get(redis.get(), lock_key, err);
-    if (!value) return kKeysNotFound;
-    const bool marker = core::is_replay_marker(*value);
-    const bool held = !value->empty() && !marker;
+    const bool marker = core::is_replay_marker(value);
+    const bool held = !value.empty() && !marker;
     if (PQntuples(rows.get()) == 0) {
       out << "not found\n";
       if (held) out << "lock held (a request with this key is in flight)\n";
@@ -395,17 +277,16 @@ int run_keys(const config::Config& config, const KeysRequest& request, std::ostr
     return kKeysNotFound;
   }
   const bool record_deleted = std::string_view(PQcmdTuples(deleted.get())) != "0";
-  const auto value = redis_get(redis.get(), lock_key, err);
-  if (!value) return kKeysNotFound;
-  const auto locks_deleted = redis_key_command(redis.get(), "DEL", lock_key, err);
-  if (!locks_deleted) return kKeysNotFound;
-  if (!record_deleted && *locks_deleted == 0) {
+  const auto del = redis.run(lock_key, {"DEL", lock_key}, err);
+  if (!del) return kKeysNotFound;
+  const long long locks_deleted = del->integer;
+  if (!record_deleted && locks_deleted == 0) {
     out << "not found\n";
     return kKeysNotFound;
   }
   if (record_deleted) out << "deleted record " << core::to_hex(id) << "\n";
-  if (*locks_deleted > 0) {
-    out << (core::is_replay_marker(*value) ? "deleted replay marker " : "deleted lock ") << lock_key
+  if (locks_deleted > 0) {
+    out << (core::is_replay_marker(value) ? "deleted replay marker " : "deleted lock ") << lock_key
         << "\n";
   }
   return kKeysFound;

@@ -49,11 +49,15 @@ const KeyTable<Redis>& redis_keys() {
                         "connect); a cluster has only db 0"),
       custom_key<Redis>("password", "string", "empty = no AUTH", "any", "", ""),
       custom_key<Redis>(
-          "username", "string", "empty = the default user", "needs `password`", "",
-          "a Redis 6+ ACL user: `AUTH username password` first on every connection; it "
-          "needs `set`, `get`, `eval`, `evalsha`, `pexpire`, `del`, `ping` (and "
-          "`select` with a `db`) on keys `idemgate:lock:*`, and `config\\|get` for the C58 "
-          "eviction check (without it the check reports \"could not run\")"),
+          "username", "string", "empty = the default user", "needs `password`", "C25",
+          "a Redis 6+ ACL user: `AUTH username password` first on every connection; it needs "
+          "`set`, `get`, `eval`, `evalsha`, `pexpire`, `del`, `ping`, `client\\|id` and "
+          "`client\\|kill` (and `select` with a `db`; `wait` with `wait_replicas`) on keys "
+          "`idemgate:lock:*`, and `config\\|get` for the C58 eviction check (without it the "
+          "check reports \"could not run\"). Without `client\\|id`/`client\\|kill` a lock "
+          "command whose reply was lost is still undone, but without first closing the "
+          "connection it went out on, so a write that connection delivers later than the undo "
+          "can stay until `lock_ttl`"),
       duration_key("operation_timeout", &Redis::operation_timeout, d, 10ms, 60s, "C25",
                    "every command, connect included"),
       custom_key<Redis>("sentinels", "list of `\"host:port\"`", "—",

@@ -1,274 +1,151 @@
 #include "storage/redis/redis_client.hpp"
 
-#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/error.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/use_awaitable.hpp>
 #include <charconv>
 
-#include "storage/redis/redis_cluster.hpp"
+#include "storage/redis/redis_routing.hpp"
 
 namespace idemgate::storage::redis {
 namespace {
 
 namespace asio = boost::asio;
+using boost::system::result;
 using core::store_errc;
-using ReplyResult = boost::system::result<Reply>;
 
-inline constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+/// Redirects followed for one command before it fails with `unavailable`.
+inline constexpr int kMaxRedirects = 5;
 
-std::string describe_failure(const ReplyResult& reply) {
-  if (!reply) return reply.error().message();
-  if (reply->is_error()) return reply->str;
-  return "unexpected reply";
+bool is_cluster_unavailable(const Reply& reply) {
+  return reply.is_error() &&
+         (reply.str.starts_with("TRYAGAIN") || reply.str.starts_with("CLUSTERDOWN"));
 }
 
-/// The primary named by Redis Sentinel (SPEC C41). The sentinels are asked in turn
-/// (`SENTINEL get-master-addr-by-name`), starting with the one that answered last; the node they
-/// name is used only after it answers `ROLE` with `master`. The primary is looked up again after
-/// a connection error, a timeout or a not-primary error (`READONLY`, `MASTERDOWN`): a command
-/// refused as not-primary did not run and is retried once on the new primary; any other failure
-/// is returned (the command may have run) and only the next command looks up the new primary.
-/// One lookup runs at a time; commands issued meanwhile wait for it.
-class SentinelClient final : public RedisClient {
+/// One server: every command on one connection, owned or borrowed.
+class SingleServerRouting final : public Routing {
  public:
-  SentinelClient(asio::any_io_executor executor, const config::Redis& options,
-                 std::shared_ptr<core::PrimaryTracker> tracker)
-      : executor_(std::move(executor)), options_(options), tracker_(std::move(tracker)) {
-    sentinels_.resize(options_.sentinels.size());
-  }
+  explicit SingleServerRouting(std::shared_ptr<RedisConnection> connection)
+      : connection_(std::move(connection)) {}
 
-  asio::awaitable<ReplyResult> execute(std::string key, std::vector<std::string> argv) override {
-    (void)key;  // one primary holds every key
-    for (int attempt = 0;; ++attempt) {
-      auto primary = co_await current();
-      if (!primary) co_return primary.error();
-      std::shared_ptr<RedisConnection> connection = *primary;
-      auto reply = co_await connection->execute(argv);
-      if (!reply) {
-        if (reply.error() != asio::error::operation_aborted) forget(connection);
-        co_return reply;
-      }
-      if (is_not_primary_error(*reply)) {
-        forget(connection);
-        if (attempt == 0) continue;
-        co_return make_error_code(store_errc::unavailable);
-      }
-      co_return reply;
-    }
-  }
-
-  asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> execute_then(
-      std::string key, std::vector<std::string> argv, std::vector<std::string> then) override {
+  asio::awaitable<result<std::shared_ptr<RedisConnection>>> route(std::string key) override {
     (void)key;
-    for (int attempt = 0;; ++attempt) {
-      auto primary = co_await current();
-      if (!primary) co_return primary.error();
-      std::shared_ptr<RedisConnection> connection = *primary;
-      auto replies = co_await connection->execute_then(argv, then);
-      if (!replies) {
-        if (replies.error() != asio::error::operation_aborted) forget(connection);
-        co_return replies;
-      }
-      if (is_not_primary_error(replies->first)) {
-        forget(connection);
-        if (attempt == 0) continue;
-        co_return make_error_code(store_errc::unavailable);
-      }
-      co_return replies;
-    }
+    co_return connection_;
+  }
+  void failed(const RedisConnection& connection) override { (void)connection; }
+  bool follows_failover() const override { return false; }
+
+  asio::awaitable<std::string> probe(RedisClient& client) override {
+    Command ping{"PING"};  // not a temporary inside the co_await: GCC 12 rejects that
+    auto reply = co_await client.execute(std::string{}, std::move(ping));
+    if (!reply) co_return reply.error().message();
+    if (!reply->is_status("PONG")) co_return "unexpected answer to PING: " + reply->str;
+    co_return std::string{};
   }
 
-  asio::awaitable<std::string> probe() override {
-    std::vector<std::string> ping{"PING"};
-    auto reply = co_await execute(std::string{}, std::move(ping));
-    if (reply && reply->is_status("PONG")) co_return std::string{};
-    if (!reply) co_return last_failure_.empty() ? reply.error().message() : last_failure_;
-    co_return describe_failure(reply);
-  }
+  std::uint64_t connect_count() const override { return connection_->connect_count(); }
 
-  std::uint64_t connect_count() const override {
-    return retired_connects_ + (primary_ ? primary_->connect_count() : 0);
-  }
-
-  asio::awaitable<std::vector<NodeReply>> on_each_primary(std::vector<std::string> argv) override {
-    std::vector<NodeReply> out;
-    auto reply = co_await execute(std::string{}, std::move(argv));
-    out.push_back(
-        {primary_endpoint_.empty() ? std::string("redis") : primary_endpoint_, std::move(reply)});
+  asio::awaitable<std::vector<RedisClient::NodeReply>> on_each_primary(RedisClient& client,
+                                                                       Command command) override {
+    // Awaited into a local first: GCC 12 destroys a co_await result inside a braced initializer
+    // too early.
+    auto reply = co_await client.execute(std::string{}, std::move(command));
+    std::vector<RedisClient::NodeReply> out;
+    out.push_back({endpoint_text(connection_->address(), connection_->port()), std::move(reply)});
     co_return out;
   }
 
  private:
-  using PrimaryResult = boost::system::result<std::shared_ptr<RedisConnection>>;
-
-  /// The primary's connection, looked up first when there is none or it was given up.
-  asio::awaitable<PrimaryResult> current() {
-    if (primary_ && !stale_) co_return primary_;
-    if (lookup_gate_) {
-      // Another command is asking the sentinels: wait for its answer instead of asking again.
-      auto gate = lookup_gate_;
-      co_await gate->async_wait(use_nothrow);
-      if (primary_ && !stale_) co_return primary_;
-      co_return make_error_code(store_errc::unavailable);
-    }
-    lookup_gate_ =
-        std::make_shared<asio::steady_timer>(executor_, asio::steady_timer::time_point::max());
-    // However the lookup ends (a cancelled caller throws at its next co_await), the gate opens
-    // and the next command may look up again: no command waits on a lookup nobody runs.
-    struct OpenGate {
-      SentinelClient* self;
-      std::shared_ptr<asio::steady_timer> gate;
-      ~OpenGate() {
-        if (self->lookup_gate_ == gate) self->lookup_gate_.reset();
-        gate->cancel();
-      }
-    } open_gate{this, lookup_gate_};
-    const bool found = co_await look_up();
-    if (found) co_return primary_;
-    co_return make_error_code(store_errc::unavailable);
-  }
-
-  /// Marks `connection` as no longer trusted to be the primary (when it still is the current one).
-  void forget(const std::shared_ptr<RedisConnection>& connection) {
-    if (connection == primary_) stale_ = true;
-  }
-
-  RedisConnection& sentinel(std::size_t i) {
-    if (!sentinels_[i]) {
-      config::Redis o;
-      o.address = options_.sentinels[i].host;
-      o.port = options_.sentinels[i].port;
-      o.password = options_.sentinel_password;
-      o.username = options_.sentinel_username;
-      o.db = 0;
-      o.operation_timeout = options_.operation_timeout;
-      sentinels_[i] = std::make_unique<RedisConnection>(executor_, std::move(o));
-    }
-    return *sentinels_[i];
-  }
-
-  /// Asks the sentinels in turn; true once one named a node that answers ROLE as a primary.
-  asio::awaitable<bool> look_up() {
-    const std::size_t n = sentinels_.size();
-    // One lookup stays within about one operation_timeout beyond the sentinel it is asking:
-    // after that the command fails (C25) rather than trying sentinel after sentinel.
-    const auto give_up = std::chrono::steady_clock::now() + options_.operation_timeout;
-    bool named = false;  // some sentinel answered with an address
-    for (std::size_t k = 0; k < n; ++k) {
-      if (k > 0 && std::chrono::steady_clock::now() >= give_up) {
-        last_failure_ += " (gave up after operation_timeout)";
-        break;
-      }
-      const std::size_t i = (next_sentinel_ + k) % n;
-      const std::string who = endpoint_text(options_.sentinels[i].host, options_.sentinels[i].port);
-      auto answer =
-          co_await sentinel(i).command("SENTINEL", "get-master-addr-by-name", options_.master_name);
-      if (!answer || answer->kind != Reply::Kind::array || answer->elements.size() != 2 ||
-          answer->elements[0].kind != Reply::Kind::string ||
-          answer->elements[1].kind != Reply::Kind::string) {
-        last_failure_ = "sentinel " + who + ": " +
-                        (answer && answer->is_nil() ? "does not know master " + options_.master_name
-                                                    : describe_failure(answer));
-        continue;
-      }
-      const std::string& host = answer->elements[0].str;
-      const std::string& port_text = answer->elements[1].str;
-      unsigned port = 0;
-      const auto [end, ec] =
-          std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-      if (ec != std::errc{} || end != port_text.data() + port_text.size() || port == 0 ||
-          port > 65535) {
-        last_failure_ = "sentinel " + who + ": bad port " + port_text;
-        continue;
-      }
-      named = true;
-      const std::string endpoint = endpoint_text(host, static_cast<std::uint16_t>(port));
-      std::shared_ptr<RedisConnection> candidate = primary_;
-      if (!candidate || endpoint != primary_endpoint_) {
-        config::Redis o = options_;
-        o.address = host;
-        o.port = static_cast<std::uint16_t>(port);
-        candidate = std::make_shared<RedisConnection>(executor_, std::move(o));
-      }
-      // Never a lock command to a replica: the named node must say it is the primary.
-      auto role = co_await candidate->command("ROLE");
-      if (!role || role->kind != Reply::Kind::array || role->elements.empty() ||
-          role->elements[0].str != "master") {
-        last_failure_ = "sentinel " + who + " names " + endpoint + ", which " +
-                        (role && !role->is_error() && role->kind == Reply::Kind::array &&
-                                 !role->elements.empty()
-                             ? "is a " + role->elements[0].str + ", not the primary"
-                             : "does not answer: " + describe_failure(role));
-        continue;
-      }
-      next_sentinel_ = i;
-      if (candidate != primary_) {
-        if (primary_) retired_connects_ += primary_->connect_count();
-        primary_ = std::move(candidate);
-        primary_endpoint_ = endpoint;
-      }
-      stale_ = false;
-      last_failure_.clear();
-      if (tracker_) tracker_->use({}, endpoint);
-      co_return true;
-    }
-    // No sentinel answered at all (all down or unreachable) while the primary in use may be
-    // fine: keep it if it still says it is the primary. Not when a sentinel named another node:
-    // then a failover is under way and the old primary must not be written to.
-    if (!named && primary_) {
-      auto role = co_await primary_->command("ROLE");
-      if (role && role->kind == Reply::Kind::array && !role->elements.empty() &&
-          role->elements[0].str == "master") {
-        stale_ = false;
-        co_return true;
-      }
-    }
-    co_return false;
-  }
-
-  asio::any_io_executor executor_;
-  config::Redis options_;
-  std::shared_ptr<core::PrimaryTracker> tracker_;
-  std::vector<std::unique_ptr<RedisConnection>> sentinels_;  ///< opened on first use
-  std::size_t next_sentinel_ = 0;
-  std::shared_ptr<RedisConnection> primary_;
-  std::string primary_endpoint_;
-  bool stale_ = false;
-  std::shared_ptr<asio::steady_timer> lookup_gate_;  ///< set while a lookup runs
-  std::string last_failure_;
-  std::uint64_t retired_connects_ = 0;
+  std::shared_ptr<RedisConnection> connection_;
 };
 
 }  // namespace
 
-asio::awaitable<ReplyResult> SingleServerClient::execute(std::string key,
-                                                         std::vector<std::string> argv) {
-  (void)key;
-  co_return co_await connection_->execute(std::move(argv));
+asio::awaitable<void> Routing::moved(std::uint64_t seen) {
+  (void)seen;
+  co_return;
 }
 
-asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> SingleServerClient::execute_then(
-    std::string key, std::vector<std::string> argv, std::vector<std::string> then) {
-  (void)key;
-  co_return co_await connection_->execute_then(std::move(argv), std::move(then));
+RedisClient::RedisClient(std::unique_ptr<Routing> routing) : routing_(std::move(routing)) {}
+
+RedisClient::RedisClient(RedisConnection& connection)
+    // Borrowed: the aliasing shared_ptr owns nothing.
+    : routing_(single_server_routing(
+          std::shared_ptr<RedisConnection>(std::shared_ptr<RedisConnection>{}, &connection))) {}
+
+RedisClient::~RedisClient() = default;
+
+asio::awaitable<result<std::vector<Reply>>> RedisClient::execute(std::string key,
+                                                                 std::vector<Command> commands,
+                                                                 Undo undo) {
+  if (commands.empty()) co_return std::vector<Reply>{};
+  std::shared_ptr<RedisConnection> target;
+  bool asking = false;
+  bool rerouted = false;
+  for (int redirects = 0;;) {
+    if (!target) {
+      auto routed = co_await routing_->route(key);
+      if (!routed) co_return routed.error();
+      target = std::move(*routed);
+    }
+    const auto seen = routing_->generation();  // the map this attempt was routed by
+    // A copy per attempt: a redirect or a failover sends the batch again.
+    std::vector<Command> batch;
+    batch.reserve(commands.size() + (asking ? 1 : 0));
+    if (asking) batch.push_back({"ASKING"});  // a node importing the slot serves it only then
+    batch.insert(batch.end(), commands.begin(), commands.end());
+    auto replies = co_await target->execute(std::move(batch), undo);
+    if (!replies) {
+      // The command may have run; the server may have failed over: look up before the next.
+      if (replies.error() != asio::error::operation_aborted) routing_->failed(*target);
+      co_return replies.error();
+    }
+    if (asking) replies->erase(replies->begin());
+    const Reply& first = replies->front();
+    if (is_not_primary_error(first)) {
+      routing_->failed(*target);
+      if (rerouted || !routing_->follows_failover())
+        co_return make_error_code(store_errc::unavailable);
+      rerouted = true;
+      target.reset();
+      asking = false;
+      continue;
+    }
+    if (is_cluster_unavailable(first)) {
+      routing_->failed(*target);
+      co_return make_error_code(store_errc::unavailable);
+    }
+    auto redirect = parse_redirect(first, target->address());
+    if (!redirect) co_return replies;
+    if (++redirects > kMaxRedirects) co_return make_error_code(store_errc::unavailable);
+    // MOVED: the slot has a new owner for good; ASK: only this command goes there.
+    if (!redirect->ask) co_await routing_->moved(seen);
+    target = routing_->redirected(redirect->to);
+    if (!target) co_return make_error_code(store_errc::unavailable);
+    asking = redirect->ask;
+  }
 }
 
-asio::awaitable<std::vector<RedisClient::NodeReply>> SingleServerClient::on_each_primary(
-    std::vector<std::string> argv) {
-  // Awaited into a local first: GCC 12 destroys a co_await result inside a braced initializer
-  // too early.
-  auto reply = co_await connection_->execute(std::move(argv));
-  std::vector<NodeReply> out;
-  out.push_back({"redis", std::move(reply)});
-  co_return out;
+asio::awaitable<result<Reply>> RedisClient::execute(std::string key, Command command, Undo undo) {
+  std::vector<Command> one;
+  one.push_back(std::move(command));
+  auto replies = co_await execute(std::move(key), std::move(one), std::move(undo));
+  if (!replies) co_return replies.error();
+  co_return std::move(replies->front());
 }
 
-asio::awaitable<std::string> SingleServerClient::probe() {
-  auto reply = co_await connection_->command("PING");
-  if (!reply) co_return reply.error().message();
-  if (!reply->is_status("PONG")) co_return "unexpected answer to PING: " + reply->str;
-  co_return std::string{};
+asio::awaitable<std::string> RedisClient::probe() {
+  return routing_->probe(*this);
+}
+
+asio::awaitable<std::vector<RedisClient::NodeReply>> RedisClient::on_each_primary(Command command) {
+  return routing_->on_each_primary(*this, std::move(command));
+}
+
+std::uint64_t RedisClient::connect_count() const {
+  return routing_->connect_count();
+}
+
+std::unique_ptr<Routing> single_server_routing(std::shared_ptr<RedisConnection> connection) {
+  return std::make_unique<SingleServerRouting>(std::move(connection));
 }
 
 std::unique_ptr<RedisClient> make_redis_client(asio::any_io_executor executor,
@@ -276,14 +153,16 @@ std::unique_ptr<RedisClient> make_redis_client(asio::any_io_executor executor,
                                                std::shared_ptr<core::PrimaryTracker> tracker) {
   switch (options.mode) {
     case config::Redis::Mode::standalone:
-      return std::make_unique<SingleServerClient>(
-          std::make_unique<RedisConnection>(std::move(executor), options));
+      return std::make_unique<RedisClient>(
+          single_server_routing(std::make_shared<RedisConnection>(std::move(executor), options)));
     case config::Redis::Mode::sentinel:
-      return std::make_unique<SentinelClient>(std::move(executor), options, std::move(tracker));
+      return std::make_unique<RedisClient>(
+          sentinel_routing(std::move(executor), options, std::move(tracker)));
     case config::Redis::Mode::cluster:
       break;
   }
-  return make_cluster_client(std::move(executor), options, std::move(tracker));
+  return std::make_unique<RedisClient>(
+      cluster_routing(std::move(executor), options, std::move(tracker)));
 }
 
 std::string endpoint_text(const std::string& host, std::uint16_t port) {
@@ -297,6 +176,40 @@ bool is_not_primary_error(const Reply& reply) {
   return reply.str.starts_with("READONLY") || reply.str.starts_with("MASTERDOWN") ||
          reply.str.find("-READONLY") != std::string::npos ||
          reply.str.find("READONLY You can't write") != std::string::npos;
+}
+
+std::optional<Endpoint> parse_endpoint(std::string_view text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string_view::npos) return {};
+  std::uint16_t port = 0;
+  const auto digits = text.substr(colon + 1);
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+  if (ec != std::errc{} || end != digits.data() + digits.size() || port == 0) return {};
+  auto host = text.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return Endpoint{std::string(host), port};
+}
+
+std::optional<Redirect> parse_redirect(const Reply& reply, const std::string& from_host) {
+  if (!reply.is_error()) return {};
+  std::string_view text = reply.str;
+  Redirect redirect;
+  if (text.starts_with("MOVED ")) {
+    text.remove_prefix(6);
+  } else if (text.starts_with("ASK ")) {
+    redirect.ask = true;
+    text.remove_prefix(4);
+  } else {
+    return {};
+  }
+  const auto space = text.find(' ');
+  if (space == std::string_view::npos) return {};
+  auto to = parse_endpoint(text.substr(space + 1));
+  if (!to) return {};
+  if (to->host.empty()) to->host = from_host;
+  redirect.to = std::move(*to);
+  return redirect;
 }
 
 }  // namespace idemgate::storage::redis

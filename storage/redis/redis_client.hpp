@@ -1,11 +1,14 @@
 #pragma once
-// Where a Redis command goes. `storage.redis` has three shapes (SPEC C41, C42): one server, the
-// primary that sentinels name, or the Redis Cluster node that owns the key's hash slot. The lock
-// talks to a RedisClient and never learns which one it has.
+// The one Redis client. Every command of the gateway goes through RedisClient::execute, whatever
+// the shape of `storage.redis` (SPEC C41, C42): one server, the primary that sentinels name, or
+// the Redis Cluster node that owns the key's hash slot. Those are routing policies
+// (redis_routing.hpp) under the one retry/redirect loop written here; the lock talks to a
+// RedisClient and never learns which one it has.
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/system/result.hpp>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,75 +19,76 @@
 
 namespace idemgate::storage::redis {
 
+class Routing;  // redis_routing.hpp
+
 /// Runs commands on the right Redis server for one io thread (SPEC C25, C41, C42).
 ///
-/// Errors are those of RedisConnection::execute: `store_errc::unavailable` (no primary reachable,
-/// connection lost, `TRYAGAIN`/`CLUSTERDOWN`/`READONLY`: the command may or may not have run),
-/// `timed_out`, `protocol`; a Redis error reply the client does not handle itself is returned as
-/// a Reply of kind `error`.
+/// Retries and redirects, the same for every topology: a command refused as not-primary
+/// (`READONLY`, `MASTERDOWN`) did not run; the routing looks the primary up again and the
+/// command goes once more (Sentinel, Cluster), or fails as `unavailable` (one server). `MOVED`
+/// reloads the slot map and goes to the named node, `ASK` goes there once after `ASKING` on the
+/// same connection; after 5 redirects the command fails with `unavailable`. `TRYAGAIN` and
+/// `CLUSTERDOWN` are `unavailable`. A store error (connection lost, timed out) is returned, and
+/// the routing looks up again before the next command: the command may have run.
+///
+/// Errors: `store_errc::unavailable`, `timed_out`, `protocol` (RedisConnection); a Redis error
+/// reply the client does not handle itself is returned as a Reply of kind `error`.
 ///
 /// Thread safety: none; one per io thread, used from that thread only, destroyed before its
 /// io_context.
 class RedisClient {
  public:
-  virtual ~RedisClient() = default;
+  explicit RedisClient(std::unique_ptr<Routing> routing);
+  /// One server over `connection`, which must outlive the client.
+  explicit RedisClient(RedisConnection& connection);
+  ~RedisClient();
+  RedisClient(const RedisClient&) = delete;
+  RedisClient& operator=(const RedisClient&) = delete;
 
-  /// Sends `argv`, a command that touches the single key `key` (a cluster routes on it; "" for
-  /// a command with no key, which goes to any primary), and waits for its reply.
-  virtual boost::asio::awaitable<boost::system::result<Reply>> execute(
-      std::string key, std::vector<std::string> argv) = 0;
+  /// Sends `commands` back to back in one write on the connection serving `key` (every command
+  /// touches `key` or no key; "" when none does: any primary), and returns their replies in
+  /// order. Redirects and not-primary refusals are judged on the first command's reply and
+  /// resend the whole batch: `WAIT` after a lock's `SET` (SPEC C41) always follows the write on
+  /// the server that ran it. `undo` runs on that server if the replies are lost
+  /// (RedisConnection).
+  boost::asio::awaitable<boost::system::result<std::vector<Reply>>> execute(
+      std::string key, std::vector<Command> commands, Undo undo);
+  boost::asio::awaitable<boost::system::result<std::vector<Reply>>> execute(
+      std::string key, std::vector<Command> commands) {
+    return execute(std::move(key), std::move(commands), Undo{});
+  }
 
-  /// Like execute, and sends `then` right behind `argv` on the same connection (behind the
-  /// redirected command after a redirect), returning both replies: `WAIT` after a lock's `SET`
-  /// (SPEC C41). `then` has no key of its own.
-  virtual boost::asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> execute_then(
-      std::string key, std::vector<std::string> argv, std::vector<std::string> then) = 0;
+  /// One command: execute() with a batch of one, returning its reply.
+  boost::asio::awaitable<boost::system::result<Reply>> execute(std::string key, Command command,
+                                                               Undo undo);
+  boost::asio::awaitable<boost::system::result<Reply>> execute(std::string key, Command command) {
+    return execute(std::move(key), std::move(command), Undo{});
+  }
 
   /// Checks that every primary this client needs answers `PING` (the readiness probe, SPEC
   /// C30): empty when they do, otherwise what failed, for `/readyz`.
-  virtual boost::asio::awaitable<std::string> probe() = 0;
+  boost::asio::awaitable<std::string> probe();
 
   /// Connections opened so far to data servers (primaries), for tests and metrics.
-  virtual std::uint64_t connect_count() const = 0;
+  std::uint64_t connect_count() const;
 
   /// One server's answer to a command sent to every primary.
   struct NodeReply {
     std::string node;  ///< `host:port` when known, else "redis"
     boost::system::result<Reply> reply;
   };
-  /// Sends `argv` (a command without a key) to every primary this client writes locks to: the
-  /// one server, the primary the sentinels name, or every slot owner of a cluster (SPEC C58:
+  /// Sends `command` (a command without a key) to every primary this client writes locks to:
+  /// the one server, the primary the sentinels name, or every slot owner of a cluster (SPEC C58:
   /// the store checks). One entry per primary, in no particular order; a failure to find the
   /// primaries is one entry with the error.
-  virtual boost::asio::awaitable<std::vector<NodeReply>> on_each_primary(
-      std::vector<std::string> argv) = 0;
-};
-
-/// The single-server client (`storage.redis.address`/`port`): every command on one
-/// RedisConnection, owned or borrowed (which must then outlive the client).
-class SingleServerClient final : public RedisClient {
- public:
-  explicit SingleServerClient(RedisConnection& connection) : connection_(&connection) {}
-  explicit SingleServerClient(std::unique_ptr<RedisConnection> connection)
-      : owned_(std::move(connection)), connection_(owned_.get()) {}
-
-  boost::asio::awaitable<boost::system::result<Reply>> execute(
-      std::string key, std::vector<std::string> argv) override;
-  boost::asio::awaitable<boost::system::result<std::pair<Reply, Reply>>> execute_then(
-      std::string key, std::vector<std::string> argv, std::vector<std::string> then) override;
-  boost::asio::awaitable<std::string> probe() override;
-  std::uint64_t connect_count() const override { return connection_->connect_count(); }
-  boost::asio::awaitable<std::vector<NodeReply>> on_each_primary(
-      std::vector<std::string> argv) override;
+  boost::asio::awaitable<std::vector<NodeReply>> on_each_primary(Command command);
 
  private:
-  std::unique_ptr<RedisConnection> owned_;
-  RedisConnection* connection_;
+  std::unique_ptr<Routing> routing_;
 };
 
-/// The client for `options.mode`: a single connection, a Sentinel-following connection or a
-/// cluster router. `tracker` (shared by the process's clients; may be null) sees each primary in
-/// use (SPEC C46).
+/// The client for `options.mode`: one server, the Sentinel-named primary or a cluster.
+/// `tracker` (shared by the process's clients; may be null) sees each primary in use (SPEC C46).
 std::unique_ptr<RedisClient> make_redis_client(boost::asio::any_io_executor executor,
                                                const config::Redis& options,
                                                std::shared_ptr<core::PrimaryTracker> tracker);

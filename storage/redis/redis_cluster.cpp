@@ -11,6 +11,9 @@
 #include <map>
 #include <set>
 
+#include "storage/redis/redis_client.hpp"
+#include "storage/redis/redis_routing.hpp"
+
 namespace idemgate::storage::redis {
 namespace {
 
@@ -19,9 +22,6 @@ using boost::system::result;
 using core::store_errc;
 
 inline constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
-
-/// Redirects followed for one command before it fails with `unavailable`.
-inline constexpr int kMaxRedirects = 5;
 
 constexpr std::array<std::uint16_t, 256> make_crc_table() {
   std::array<std::uint16_t, 256> table{};
@@ -48,58 +48,6 @@ std::uint16_t crc16(std::string_view bytes) noexcept {
 std::optional<std::uint16_t> slot_number(const Reply& r) {
   if (r.kind != Reply::Kind::integer || r.integer < 0 || r.integer >= kClusterSlots) return {};
   return static_cast<std::uint16_t>(r.integer);
-}
-
-struct Endpoint {
-  std::string host;
-  std::uint16_t port = 0;
-};
-
-/// `host:port` (the host may itself contain colons: IPv6) into its parts.
-std::optional<Endpoint> parse_endpoint(std::string_view text) {
-  const auto colon = text.rfind(':');
-  if (colon == std::string_view::npos) return {};
-  std::uint16_t port = 0;
-  const auto digits = text.substr(colon + 1);
-  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
-  if (ec != std::errc{} || end != digits.data() + digits.size() || port == 0) return {};
-  auto host = text.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  return Endpoint{std::string(host), port};
-}
-
-/// A `-MOVED slot host:port` or `-ASK slot host:port` reply.
-struct Redirect {
-  bool ask = false;
-  Endpoint to;
-};
-
-std::optional<Redirect> parse_redirect(const Reply& reply, const Endpoint& from) {
-  if (!reply.is_error()) return {};
-  std::string_view text = reply.str;
-  Redirect redirect;
-  if (text.starts_with("MOVED ")) {
-    text.remove_prefix(6);
-  } else if (text.starts_with("ASK ")) {
-    redirect.ask = true;
-    text.remove_prefix(4);
-  } else {
-    return {};
-  }
-  const auto space = text.find(' ');
-  if (space == std::string_view::npos) return {};
-  auto to = parse_endpoint(text.substr(space + 1));
-  if (!to) return {};
-  // A node that does not know its peer's address names it as ":port": the same host.
-  if (to->host.empty()) to->host = from.host;
-  redirect.to = std::move(*to);
-  return redirect;
-}
-
-bool is_cluster_unavailable(const Reply& reply) {
-  return reply.is_error() &&
-         (reply.str.starts_with("TRYAGAIN") || reply.str.starts_with("CLUSTERDOWN"));
 }
 
 /// The routing table: which primary serves each slot. Pure data, no I/O.
@@ -167,10 +115,17 @@ class ReloadGuard {
   std::shared_ptr<Reload> reload_;
 };
 
-class ClusterClient final : public RedisClient {
+/// Undos that a node refused, waiting for a slot map that says where their keys live now.
+/// Shared with the node connections' refusal handlers, which may outlive the routing.
+struct UndoInbox {
+  std::vector<Undo> undos;
+  bool stale = false;  ///< a refusal said the map is out of date
+};
+
+class ClusterRouting final : public Routing {
  public:
-  ClusterClient(asio::any_io_executor executor, const config::Redis& options,
-                std::shared_ptr<core::PrimaryTracker> tracker)
+  ClusterRouting(asio::any_io_executor executor, const config::Redis& options,
+                 std::shared_ptr<core::PrimaryTracker> tracker)
       : executor_(executor),
         options_(options),
         tracker_(std::move(tracker)),
@@ -179,7 +134,8 @@ class ClusterClient final : public RedisClient {
     for (const auto& seed : options_.cluster) seeds_.push_back({seed.host, seed.port});
   }
 
-  asio::awaitable<result<Reply>> execute(std::string key, std::vector<std::string> argv) override {
+  asio::awaitable<result<std::shared_ptr<RedisConnection>>> route(std::string key) override {
+    if (std::exchange(inbox_->stale, false)) stale_ = true;
     if (stale_ || map_.empty()) co_await refresh(generation_);
     std::optional<Endpoint> target;
     if (key.empty()) {
@@ -191,68 +147,26 @@ class ClusterClient final : public RedisClient {
       stale_ = true;  // a slot nobody owned when the map was read: ask again next time
       co_return make_error_code(store_errc::unavailable);
     }
-
-    bool asking = false;
-    for (int redirects = 0;; ++redirects) {
-      const auto seen = generation_;
-      auto node = connection(*target);
-      result<Reply> r = make_error_code(store_errc::unavailable);
-      if (asking) {
-        r = co_await node->execute_asking(argv);
-      } else {
-        r = co_await node->execute(argv);
-      }
-      if (!r) {
-        // The node may have failed over: its slots are someone else's now.
-        if (r.error() != asio::error::operation_aborted) stale_ = true;
-        co_return r;
-      }
-      if (is_cluster_unavailable(*r)) {
-        stale_ = true;
-        co_return make_error_code(store_errc::unavailable);
-      }
-      auto redirect = parse_redirect(*r, *target);
-      if (!redirect) co_return r;
-      if (redirects == kMaxRedirects) co_return make_error_code(store_errc::unavailable);
-      // MOVED: the slot has a new owner for good; ASK: only this command goes there.
-      if (!redirect->ask) co_await refresh(seen);
-      asking = redirect->ask;
-      target = std::move(redirect->to);
-    }
+    co_return connection(*target);
   }
 
-  asio::awaitable<result<std::pair<Reply, Reply>>> execute_then(
-      std::string key, std::vector<std::string> argv, std::vector<std::string> then) override {
-    if (stale_ || map_.empty()) co_await refresh(generation_);
-    std::optional<Endpoint> target = map_.owner(key_slot(key));
-    if (!target) {
-      stale_ = true;
-      co_return make_error_code(store_errc::unavailable);
-    }
-    bool asking = false;
-    for (int redirects = 0;; ++redirects) {
-      const auto seen = generation_;
-      auto node = connection(*target);
-      // `then` follows the command on the node that runs it, redirected or not.
-      auto r = co_await node->execute_then(argv, then, asking);
-      if (!r) {
-        if (r.error() != asio::error::operation_aborted) stale_ = true;
-        co_return r;
-      }
-      if (is_cluster_unavailable(r->first)) {
-        stale_ = true;
-        co_return make_error_code(store_errc::unavailable);
-      }
-      auto redirect = parse_redirect(r->first, *target);
-      if (!redirect) co_return r;
-      if (redirects == kMaxRedirects) co_return make_error_code(store_errc::unavailable);
-      if (!redirect->ask) co_await refresh(seen);
-      asking = redirect->ask;
-      target = std::move(redirect->to);
-    }
+  std::shared_ptr<RedisConnection> redirected(const Endpoint& to) override {
+    return connection(to);
   }
 
-  asio::awaitable<std::string> probe() override {
+  std::uint64_t generation() const override { return generation_; }
+
+  asio::awaitable<void> moved(std::uint64_t seen) override { co_await refresh(seen); }
+
+  void failed(const RedisConnection& node) override {
+    (void)node;  // the node may have failed over: its slots are someone else's now
+    stale_ = true;
+  }
+
+  bool follows_failover() const override { return true; }
+
+  asio::awaitable<std::string> probe(RedisClient& client) override {
+    (void)client;
     if (stale_ || map_.empty()) co_await refresh(generation_);
     if (map_.empty()) co_return "redis cluster: no slot map from any node";
     const auto primaries = map_.primaries();
@@ -269,8 +183,10 @@ class ClusterClient final : public RedisClient {
     co_return std::string{};
   }
 
-  asio::awaitable<std::vector<NodeReply>> on_each_primary(std::vector<std::string> argv) override {
-    std::vector<NodeReply> out;
+  asio::awaitable<std::vector<RedisClient::NodeReply>> on_each_primary(RedisClient& client,
+                                                                       Command argv) override {
+    (void)client;
+    std::vector<RedisClient::NodeReply> out;
     if (stale_ || map_.empty()) co_await refresh(generation_);
     if (map_.empty()) {
       out.push_back({"redis cluster", make_error_code(store_errc::unavailable)});
@@ -326,17 +242,24 @@ class ClusterClient final : public RedisClient {
     map_.assign(std::move(ranges));
     stale_ = false;
     ++generation_;
-    // Connections to nodes that serve no slot any more (a failed-over primary) are dropped;
-    // a command still running on one keeps it alive until it ends.
+    // Connections to nodes that serve no slot any more (a failed-over primary) are dropped; a
+    // command still running on one keeps it alive until it ends. Their undos go to the nodes
+    // that serve those keys now, with those a node refused meanwhile.
     std::set<std::string> keep;
     for (const auto& p : map_.primaries()) keep.insert(endpoint_text(p.host, p.port));
+    std::vector<Undo> homeless = std::exchange(inbox_->undos, {});
     for (auto it = nodes_.begin(); it != nodes_.end();) {
       if (keep.contains(it->first)) {
         ++it;
       } else {
         dropped_connects_ += it->second->connect_count();
+        for (auto& undo : it->second->take_undos()) homeless.push_back(std::move(undo));
         it = nodes_.erase(it);
       }
+    }
+    for (auto& undo : homeless) {
+      if (const auto owner = map_.owner(key_slot(undo.key)))
+        connection(*owner)->adopt_undos({std::move(undo)});
     }
     if (tracker_) {
       for (const auto& range : map_.ranges())
@@ -351,6 +274,14 @@ class ClusterClient final : public RedisClient {
       options.address = node.host;
       options.port = node.port;
       slot = std::make_shared<RedisConnection>(executor_, std::move(options));
+      // A refused undo (MOVED, READONLY, CLUSTERDOWN) waits for the next slot map, which the
+      // next command loads, and goes to the node serving its key then.
+      slot->on_refused_undo([inbox = std::weak_ptr<UndoInbox>(inbox_)](Undo undo, const Reply&) {
+        auto box = inbox.lock();
+        if (!box) return;
+        box->stale = true;
+        box->undos.push_back(std::move(undo));
+      });
     }
     return slot;
   }
@@ -366,6 +297,7 @@ class ClusterClient final : public RedisClient {
   std::shared_ptr<Reload> reload_;
   std::map<std::string, std::shared_ptr<RedisConnection>> nodes_;  // by `host:port`
   std::uint64_t dropped_connects_ = 0;
+  std::shared_ptr<UndoInbox> inbox_ = std::make_shared<UndoInbox>();
 };
 
 }  // namespace
@@ -408,10 +340,10 @@ std::optional<std::vector<SlotRange>> parse_cluster_slots(const Reply& reply,
   return ranges;
 }
 
-std::unique_ptr<RedisClient> make_cluster_client(asio::any_io_executor executor,
-                                                 const config::Redis& options,
-                                                 std::shared_ptr<core::PrimaryTracker> tracker) {
-  return std::make_unique<ClusterClient>(std::move(executor), options, std::move(tracker));
+std::unique_ptr<Routing> cluster_routing(asio::any_io_executor executor,
+                                         const config::Redis& options,
+                                         std::shared_ptr<core::PrimaryTracker> tracker) {
+  return std::make_unique<ClusterRouting>(std::move(executor), options, std::move(tracker));
 }
 
 }  // namespace idemgate::storage::redis

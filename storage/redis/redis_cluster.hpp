@@ -1,5 +1,5 @@
 #pragma once
-// Redis Cluster routing (SPEC C42): hash slots, the slot map and a RedisClient that sends each
+// Redis Cluster routing (SPEC C42): hash slots, the slot map and the routing that sends each
 // command to the primary owning its key's slot. hiredis 0.14 has no cluster support; this is the
 // small part of a cluster client the lock needs: one key per command, no multi-key operations.
 
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gateway/config/config.hpp"
-#include "storage/redis/redis_client.hpp"
+#include "storage/redis/redis_connection.hpp"
 
 namespace idemgate::storage::redis {
 
@@ -37,27 +37,23 @@ struct SlotRange {
 std::optional<std::vector<SlotRange>> parse_cluster_slots(const Reply& reply,
                                                           const std::string& asked_host);
 
-/// The cluster RedisClient of make_redis_client (`options.mode == cluster`).
+/// The cluster routing (redis_routing.hpp: cluster_routing), for `options.mode == cluster`.
 ///
-/// Routing: the slot map comes from `CLUSTER SLOTS`, asked of the seed nodes (`options.cluster`)
-/// in turn, then of the primaries known so far, when the first command or probe runs; one
+/// The slot map comes from `CLUSTER SLOTS`, asked of the seed nodes (`options.cluster`) in turn,
+/// then of the primaries known so far, when the first command or probe runs; one
 /// RedisConnection (AUTH as configured, db 0) per primary. A command goes to the primary of
-/// `key_slot(key)` ("" goes to any primary). `-MOVED` reloads the map (one reload at a time;
-/// concurrent callers wait for it) and retries on the named node; `-ASK` retries there once,
-/// after `ASKING` on the same connection; after 5 redirects the command fails with
-/// `unavailable`. `-TRYAGAIN` and `-CLUSTERDOWN` are `unavailable`. A store error on a node
-/// (connection lost, timed out) is returned and marks the map stale, so the next command
-/// reloads it: a failover gives the node's slots to a promoted replica.
+/// `key_slot(key)` ("" goes to any primary). A `MOVED` reloads the map (one reload at a time;
+/// concurrent callers wait for it). A store error on a node (connection lost, timed out), a
+/// not-primary or cluster-down answer marks the map stale, so the next command reloads it: a
+/// failover gives the node's slots to a promoted replica. Connections to nodes that serve no
+/// slot any more are dropped; their undos (RedisConnection) go to the nodes serving their keys.
 ///
-/// Primary switches (SPEC C46): after each reload, every range is reported to `tracker` (may be
-/// null) with its first slot as the scope. A failover that gives a range to the promoted
+/// Primary switches (SPEC C46): after each reload, every range is reported to the tracker (may
+/// be null) with its first slot as the scope. A failover that gives a range to the promoted
 /// replica counts once per process. A reshard that hands a range's first slot to another
 /// primary counts too: from the gateway's side it is the same event (that range's lock keys now
 /// live on another server), and telling the two apart would need node roles over time, which
 /// `CLUSTER SLOTS` does not give. Ranges whose first slot is new (a reshard splitting a range)
 /// are recorded without counting.
-std::unique_ptr<RedisClient> make_cluster_client(boost::asio::any_io_executor executor,
-                                                 const config::Redis& options,
-                                                 std::shared_ptr<core::PrimaryTracker> tracker);
 
 }  // namespace idemgate::storage::redis

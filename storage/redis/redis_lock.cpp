@@ -96,14 +96,14 @@ asio::awaitable<boost::system::result<core::Acquired>> RedisLock::acquire(
   std::optional<boost::system::result<Reply>> reply;
   if (set_nx_get_) {
     std::vector<std::string> argv{"SET", key, token, "NX", "PX", millis(ttl), "GET"};
-    reply = co_await client_.execute(key, std::move(argv));
+    reply = co_await client_.execute(key, std::move(argv), undo_of(key, token));
     if (*reply && (*reply)->is_error() && (*reply)->str.find("syntax") != std::string::npos) {
       set_nx_get_ = false;  // Redis < 7.0: NX and GET together are a syntax error there
     }
   }
   if (!set_nx_get_) {
     std::vector<std::string> args{token, millis(ttl)};
-    reply = co_await eval(&acquire_, key, std::move(args));
+    reply = co_await eval(&acquire_, key, std::move(args), undo_of(key, token));
   }
   if (!*reply) co_return Result(boost::system::in_place_error, reply->error());
   // nil: the key was free and is ours now; a string: what holds it (not set, NX).
@@ -129,23 +129,24 @@ asio::awaitable<boost::system::result<core::Acquired>> RedisLock::acquire_and_wa
             : std::vector<std::string>{"EVAL", acquire_.source, "1", key, token, millis(ttl)};
     std::vector<std::string> wait{"WAIT", std::to_string(options_.wait_replicas),
                                   std::to_string(timeout)};
-    auto replies = co_await client.execute_then(key, std::move(argv), std::move(wait));
+    std::vector<Command> pair{std::move(argv), std::move(wait)};
+    auto replies = co_await client.execute(key, std::move(pair), undo_of(key, token));
     if (!replies) co_return Result(boost::system::in_place_error, replies.error());
-    const Reply& taken = replies->first;
+    const Reply& taken = (*replies)[0];
     if (set_nx_get_ && taken.is_error() && taken.str.find("syntax") != std::string::npos) {
       set_nx_get_ = false;  // Redis < 7.0: NX and GET together are a syntax error there
       continue;
     }
     if (taken.kind == Reply::Kind::string) co_return core::Acquired{false, taken.str};
     if (!taken.is_nil()) break;
-    const Reply& acks = replies->second;
+    const Reply& acks = (*replies)[1];
     if (acks.kind == Reply::Kind::integer && acks.integer >= options_.wait_replicas) {
       co_return core::Acquired{true, {}};
     }
     // Too few replicas hold the lock: a failover now could lose it, so it does not count as
     // taken.
     std::vector<std::string> args{token};
-    (void)co_await run(&release_, key, std::move(args));
+    (void)co_await run(&release_, key, std::move(args), undo_of(key, token));
     co_return Result(boost::system::in_place_error, store_errc::unavailable);
   }
   co_return Result(boost::system::in_place_error, store_errc::protocol);
@@ -154,42 +155,54 @@ asio::awaitable<boost::system::result<core::Acquired>> RedisLock::acquire_and_wa
 asio::awaitable<boost::system::result<bool>> RedisLock::renew(core::Sha256 id, std::string token,
                                                               std::chrono::milliseconds ttl) {
   std::vector<std::string> args{std::move(token), millis(ttl)};
-  co_return co_await run(&renew_, key_of(id), std::move(args));
+  co_return co_await run(&renew_, key_of(id), std::move(args), Undo{});
 }
 
 asio::awaitable<boost::system::result<bool>> RedisLock::release(core::Sha256 id,
                                                                 std::string token) {
+  std::string key = key_of(id);
+  Undo undo = undo_of(key, token);
   std::vector<std::string> args{std::move(token)};
-  co_return co_await run(&release_, key_of(id), std::move(args));
+  co_return co_await run(&release_, std::move(key), std::move(args), std::move(undo));
 }
 
 asio::awaitable<boost::system::result<bool>> RedisLock::replace(core::Sha256 id, std::string token,
                                                                 std::string value,
                                                                 std::chrono::milliseconds ttl) {
+  std::string key = key_of(id);
+  // Lost, the replace may or may not have run: the undo deletes the lock if it still holds the
+  // token, and leaves a marker that did get written.
+  Undo undo = undo_of(key, token);
   std::vector<std::string> args{std::move(token), std::move(value), millis(ttl)};
-  co_return co_await run(&replace_, key_of(id), std::move(args));
+  co_return co_await run(&replace_, std::move(key), std::move(args), std::move(undo));
+}
+
+Undo RedisLock::undo_of(const std::string& key, const std::string& token) {
+  return Undo{kReleaseScript, key, token};
 }
 
 asio::awaitable<boost::system::result<Reply>> RedisLock::eval(const Script* script, std::string key,
-                                                              std::vector<std::string> args) {
+                                                              std::vector<std::string> args,
+                                                              Undo undo) {
   std::vector<std::string> argv{"EVALSHA", script->sha1, "1", std::move(key)};
   argv.insert(argv.end(), std::make_move_iterator(args.begin()),
               std::make_move_iterator(args.end()));
-  auto reply = co_await client_.execute(argv[3], argv);
+  auto reply = co_await client_.execute(argv[3], argv, undo);
   if (reply && is_noscript(*reply)) {
     // The script cache is empty (Redis restarted, a failover to a replica that never saw the
     // script, SCRIPT FLUSH): EVAL loads it again and runs it.
     argv[0] = "EVAL";
     argv[1] = script->source;
     std::string routed = argv[3];
-    reply = co_await client_.execute(std::move(routed), std::move(argv));
+    reply = co_await client_.execute(std::move(routed), std::move(argv), std::move(undo));
   }
   co_return reply;
 }
 
 asio::awaitable<boost::system::result<bool>> RedisLock::run(const Script* script, std::string key,
-                                                            std::vector<std::string> args) {
-  auto reply = co_await eval(script, std::move(key), std::move(args));
+                                                            std::vector<std::string> args,
+                                                            Undo undo) {
+  auto reply = co_await eval(script, std::move(key), std::move(args), std::move(undo));
   if (!reply) co_return failure(reply.error());
   if (reply->kind != Reply::Kind::integer) co_return failure(store_errc::protocol);
   co_return reply->integer == 1;

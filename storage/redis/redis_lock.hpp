@@ -29,10 +29,16 @@ namespace idemgate::storage::redis {
 /// deadline; WAIT only counts its own connection's writes); fewer than N acknowledgements
 /// release the lock again and `acquire` returns `unavailable`.
 ///
+/// A lost reply (SPEC C25, C41): `acquire`, `release` and `replace` carry an Undo, the
+/// compare-and-delete of their token. When their reply is lost (timeout, reset, a WAIT pair cut
+/// off), the command may still have run, or may still run later; the connection deletes the
+/// token as soon as Redis answers again (RedisConnection), so no lock outlives the request that
+/// took it and a retry after the store recovered executes instead of getting 409 until `ttl`.
+/// `renew` carries none: its request still owns the lock and releases it itself.
+///
 /// `ttl` is in milliseconds and must be positive. Errors as in core::LockService:
 /// `unavailable`, `timed_out` (the connection is re-opened by the next call), `protocol` (an
-/// error or unexpected reply from Redis). After `timed_out` or `unavailable` the outcome is
-/// unknown: a `SET` may have taken the lock, which then expires after `ttl`.
+/// error or unexpected reply from Redis).
 ///
 /// Thread safety: none; one per io thread, on that thread's RedisClient, which must outlive it.
 class RedisLock final : public core::LockService {
@@ -70,10 +76,14 @@ class RedisLock final : public core::LockService {
 
   /// Runs `script` with one key and `args` and returns its raw reply.
   boost::asio::awaitable<boost::system::result<Reply>> eval(const Script* script, std::string key,
-                                                            std::vector<std::string> args);
+                                                            std::vector<std::string> args,
+                                                            Undo undo);
   /// eval() whose reply must be an integer (0 or 1).
   boost::asio::awaitable<boost::system::result<bool>> run(const Script* script, std::string key,
-                                                          std::vector<std::string> args);
+                                                          std::vector<std::string> args, Undo undo);
+
+  /// The compare-and-delete of `token` on `key`, for a lock command whose reply may be lost.
+  static Undo undo_of(const std::string& key, const std::string& token);
 
   /// acquire() with wait_replicas: the write and `WAIT` back-to-back on one connection; too few
   /// acknowledgements release the lock again and fail as unavailable.

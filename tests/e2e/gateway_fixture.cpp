@@ -176,6 +176,26 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ignored);
 }
 
+CliResult run_keys(const std::string& config_path, const std::filesystem::path& dir,
+                   std::vector<std::string> args) {
+  ChildOptions o;
+  o.executable = require_env("IDEMGATE_BINARY_DIR") + "/gateway/idemgate";
+  o.args = {"keys"};
+  o.args.insert(o.args.end(), args.begin(), args.end());
+  o.args.insert(o.args.begin() + 2, {"--config", config_path});
+  const std::string name = unique_name("keys");
+  o.stdout_path = (dir / (name + ".out")).string();
+  o.stderr_path = (dir / (name + ".err")).string();
+  ChildProcess child(o);
+  CliResult result;
+  const auto status =
+      child.wait_for(std::chrono::duration_cast<std::chrono::milliseconds>(kEventDeadline));
+  result.status = status ? *status : child.stop();
+  result.out = read_text_file(o.stdout_path);
+  result.err = read_text_file(o.stderr_path);
+  return result;
+}
+
 bool eventually(const std::function<bool()>& condition) {
   const auto deadline = std::chrono::steady_clock::now() + kEventDeadline;
   while (!condition()) {

@@ -316,6 +316,9 @@ class Gateway {
   Gateway& operator=(const Gateway&) = delete;
 
   int instances() const { return static_cast<int>(children_.size()); }
+  /// The configuration file every instance runs with, and the directory it lives in.
+  const std::string& config_path() const { return config_path_; }
+  const std::filesystem::path& dir() const { return dir_.path(); }
   std::uint16_t port(int instance = 0) const { return ports_.at(instance); }
   /// The process id of `instance` (e.g. to read /proc/PID/status); -1 once it was reaped.
   pid_t pid(int instance = 0) const { return children_.at(instance)->pid(); }
@@ -347,6 +350,18 @@ class Gateway {
   std::vector<std::unique_ptr<ChildProcess>> children_;
   std::vector<std::uint16_t> ports_;
 };
+
+/// How a run of the `idemgate` binary as a command-line tool ended.
+struct CliResult {
+  int status = -1;  ///< exit status (the stop's status when it ran past kEventDeadline)
+  std::string out;
+  std::string err;
+};
+
+/// Runs `idemgate keys ACTION --config CONFIG REST…` (`args` is ACTION followed by REST), its
+/// output in files under `dir`, and waits for it (kEventDeadline at most).
+CliResult run_keys(const std::string& config_path, const std::filesystem::path& dir,
+                   std::vector<std::string> args);
 
 /// A POST with `Content-Type: application/json` and, when `key` is given, `Idempotency-Key: key`
 /// (the raw field value); `extra` fields follow in order.

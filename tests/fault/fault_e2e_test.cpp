@@ -20,6 +20,7 @@
 #include <functional>
 #include <future>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -644,7 +645,7 @@ void check_store_fault(StoreFault fault) {
   for (auto& r : routes) {
     BOOST_TEST_CONTEXT(fault.name << ", " << name_of(r.policy) << ", after the fault") {
       // The same key again until it is served normally: 503 / unprotected while the gateway
-      // has not reconnected yet, 409 while a lock taken by a timed-out attempt lapses.
+      // has not reconnected yet.
       const auto healed = Clock::now();
       std::optional<HttpResponse> first_normal;
       int attempts = 0;
@@ -673,7 +674,10 @@ void check_store_fault(StoreFault fault) {
           // restart may fail on its own stale connection (503, not stored, key left free).
           ++r.forwarded;
         } else if (in_flight(res)) {
+          // SPEC C25: a lock command whose reply was lost during the fault is undone as soon as
+          // Redis answers again; no lock outlives the request that took it.
           ++conflicts;
+          BOOST_TEST(!in_flight(res), "409 after the store came back: " << gateway.explain(res));
         } else if (!store_unavailable(res)) {
           BOOST_FAIL("unexpected answer while recovering: " << gateway.explain(res));
         }
@@ -799,6 +803,85 @@ BOOST_AUTO_TEST_CASE(spec_C25_redis_stalled_times_out_then_serves_after_the_stal
     }
   } thaw{frozen};
   check_store_fault(fault);
+}
+
+namespace {
+
+/// Calls of `SET` the private Redis has run since it started (`INFO commandstats`).
+long long set_calls() {
+  SyncRedis admin;
+  const std::string info = admin.command({"INFO", "commandstats"});
+  const std::string field = "cmdstat_set:calls=";
+  const auto at = info.find(field);
+  if (at == std::string::npos) return 0;
+  return std::stoll(info.substr(at + field.size()));
+}
+
+}  // namespace
+
+// SPEC C25: a lock command whose reply was lost may still take effect. Redis frozen with the
+// request's `SET … NX` in its socket buffer runs it when it thaws, after the gateway gave up on
+// it (operation_timeout) and answered 503; that lock belongs to no request. The gateway removes
+// its own token once Redis answers again, so the retry executes instead of getting 409 until
+// lock_ttl (30 s here, longer than any retry below takes).
+BOOST_AUTO_TEST_CASE(
+    spec_C25_a_lock_taken_late_by_a_frozen_redis_is_removed_when_it_answers_again) {
+  PaymentService payments;
+  GatewayConfig config;
+  config.threads = 1;  // one Redis connection: the one that times out is the one in use
+  config.upstreams = {{"payments", {payments.address()}}};
+  config.routes_yaml = single_route("c25-late", "      lock_ttl: 30s\n");
+  config.redis_operation_timeout = std::to_string(kRedisTimeout.count()) + "ms";
+  Gateway gateway(config);
+  const Timed warm = send_timed(
+      gateway, payment_post("gateway.test", unique_name("c25-late-warm"), unique_name("pay")));
+  BOOST_REQUIRE_MESSAGE(executed(warm.response), gateway.explain(warm.response));
+
+  const std::string key = unique_name("c25-late");
+  const HttpRequest request = payment_post("gateway.test", key, unique_name("pay-c25-late"));
+  const auto posts = payments.counter("payment_posts");
+  const auto sets_before = set_calls();
+
+  bool frozen = false;
+  DropOnExit thaw{[&] {
+    if (frozen) stores().thaw_redis();
+  }};
+  stores().freeze_redis();
+  frozen = true;
+  const Timed refused = send_timed(gateway, request);
+  stores().thaw_redis();
+  frozen = false;
+  BOOST_REQUIRE_MESSAGE(refused.error.empty(), refused.error << "\n" << gateway.diagnostics());
+  BOOST_TEST(store_unavailable(refused.response), gateway.explain(refused.response));
+  BOOST_TEST(ms(refused.elapsed) <= ms(kRedisTimeout + spec::kStoreFaultMargin),  // SPEC C25
+             "answered after " << ms(refused.elapsed) << " ms");
+  // The scenario happened: the thawed server ran the SET the gateway had given up on.
+  BOOST_TEST(eventually([&] { return set_calls() > sets_before; }),
+             "the frozen SET never ran: the test did not reproduce a late lock");
+
+  // The retries: 503 while the gateway reconnects, never 409.
+  const auto thawed = Clock::now();
+  std::map<std::string, int> kinds;
+  Timed last;
+  for (;;) {
+    last = send_timed(gateway, request);
+    BOOST_REQUIRE_MESSAGE(last.error.empty(), "retry failed: " << last.error);
+    ++kinds[outcome_of(last.response)];
+    if (!store_unavailable(last.response)) break;
+    BOOST_REQUIRE_MESSAGE(Clock::now() - thawed < kEventDeadline, "still 503 long after the thaw\n"
+                                                                      << gateway.diagnostics());
+    std::this_thread::sleep_for(kRetryInterval);
+  }
+  BOOST_TEST(!kinds.contains("409"), "a retry met the lock taken late by the lost SET");
+  BOOST_TEST(executed(last.response), gateway.explain(last.response));
+  const auto executions = payments.counter("payment_posts") - posts;
+  BOOST_TEST(executions == 1u);
+  report("C25_late_set_after_a_freeze", executions, 1);
+  std::string outcomes;
+  for (const auto& [kind, n] : kinds) outcomes += " " + kind + "=" + std::to_string(n);
+  std::cout << "figures scenario=C25_late_set_after_a_freeze refused_after_ms="
+            << ms(refused.elapsed) << " executed_after_thaw_ms=" << ms(last.done - thawed)
+            << " retries:" << outcomes << std::endl;
 }
 
 // -------------------------------------------------------------------------------------------

@@ -64,30 +64,9 @@ double metric(const std::string& text, const std::string& name,
   return *value;
 }
 
-struct CliResult {
-  int status = -1;
-  std::string out;
-  std::string err;
-};
-
-// `idemgate keys …` as a child process.
-CliResult run_keys(const OpsGateway& gateway, std::vector<std::string> args) {
-  ChildOptions o;
-  o.executable = require_env("IDEMGATE_BINARY_DIR") + "/gateway/idemgate";
-  o.args = {"keys"};
-  o.args.insert(o.args.end(), args.begin(), args.end());
-  o.args.insert(o.args.begin() + 2, {"--config", gateway.config_path()});
-  const std::string name = unique_name("keys");
-  o.stdout_path = (gateway.dir() / (name + ".out")).string();
-  o.stderr_path = (gateway.dir() / (name + ".err")).string();
-  ChildProcess child(o);
-  CliResult result;
-  const auto status =
-      child.wait_for(std::chrono::duration_cast<std::chrono::milliseconds>(e2e::kEventDeadline));
-  result.status = status ? *status : child.stop();
-  result.out = read_text_file(o.stdout_path);
-  result.err = read_text_file(o.stderr_path);
-  return result;
+// `idemgate keys …` as a child process, on the gateway's configuration.
+e2e::CliResult run_keys(const OpsGateway& gateway, std::vector<std::string> args) {
+  return e2e::run_keys(gateway.config_path(), gateway.dir(), std::move(args));
 }
 
 }  // namespace

@@ -35,7 +35,8 @@ const std::string kSecret = "acl-secret";
 const std::string kAdminSecret = "admin-secret";
 
 /// One redis-server on a fixed free loopback port: the default user is off, `idemgate` may run
-/// only what the lock needs on `idemgate:lock:*`, `admin` may do anything (for the test's looks).
+/// only what the lock needs on `idemgate:lock:*` (conf/REFERENCE.md lists it), `admin` may do
+/// anything (for the test's looks).
 class AclRedis {
  public:
   AclRedis() : port_(free_port()) { start(); }
@@ -53,8 +54,8 @@ class AclRedis {
                     // Directives on the command line: each --user is one ACL rule line.
                     "--user", "default", "off", "--user", kUser, "on", ">" + kSecret,
                     "~idemgate:lock:*", "+set", "+get", "+eval", "+evalsha", "+pexpire", "+del",
-                    "+ping", "+config|get", "--user", "admin", "on", ">" + kAdminSecret, "~*",
-                    "+@all"};
+                    "+ping", "+config|get", "+client|id", "+client|kill", "--user", "admin", "on",
+                    ">" + kAdminSecret, "~*", "+@all"};
     options.stdout_path = (dir_.path() / "redis.log").string();
     options.stderr_path = (dir_.path() / "redis.err").string();
     process_.emplace(options);

@@ -443,3 +443,49 @@ BOOST_AUTO_TEST_CASE(spec_C42_a_reshard_under_load_fails_nothing_beyond_on_store
             << " slot_map_loads=" << command_calls(cluster, "cluster|slots") - slot_loads_before
             << std::endl;
 }
+
+// The `keys` CLI runs the gateway's own cluster client: it finds the lock key on the node that
+// owns its slot (not the first seed), shows the record with its committed marker, and purge
+// deletes both, after which the key executes again.
+BOOST_AUTO_TEST_CASE(keys_show_and_purge_reach_the_node_that_owns_the_key) {
+  RedisCluster cluster(3);
+  PaymentService payments;
+  Gateway gateway(cluster_config(cluster, payments));
+  std::string key;
+  do {
+    key = unique_name("c42-cli");
+  } while (cluster.owner(key_slot(lock_key_of(key))) == 0);
+  const std::string lock = lock_key_of(key);
+  const auto owner = cluster.owner(key_slot(lock));
+
+  const Answer first = send(gateway, key, 0);
+  BOOST_TEST_REQUIRE(first.error.empty(), first.error);
+  BOOST_TEST_REQUIRE((kind_of(first.response) == Kind::executed), describe(first.response));
+  BOOST_TEST_REQUIRE(eventually([&] {
+    const Reply held = cluster.command(owner, {"GET", lock});
+    return held.kind == Reply::Kind::string && idemgate::core::is_replay_marker(held.str);
+  }));
+
+  const auto shown =
+      run_keys(gateway.config_path(), gateway.dir(), {"show", "--route", kRoute, key});
+  BOOST_TEST(shown.status == 0, shown.err);
+  BOOST_TEST(shown.out.find("status 201\n") != std::string::npos, shown.out);
+  BOOST_TEST(shown.out.find("replay_marker present\n") != std::string::npos, shown.out);
+
+  const auto purged =
+      run_keys(gateway.config_path(), gateway.dir(), {"purge", "--route", kRoute, key});
+  BOOST_TEST(purged.status == 0, purged.err);
+  BOOST_TEST(purged.out.find("deleted record ") != std::string::npos, purged.out);
+  BOOST_TEST(purged.out.find("deleted replay marker " + lock) != std::string::npos, purged.out);
+  BOOST_TEST(!cluster.holds(owner, lock));
+  const auto gone =
+      run_keys(gateway.config_path(), gateway.dir(), {"show", "--route", kRoute, key});
+  BOOST_TEST(gone.status == 1);
+  BOOST_TEST(gone.out == "not found\n");
+
+  // Executed again: the payment service's own UNIQUE answers it with the existing payment (200).
+  const Answer again = send(gateway, key, 0);
+  BOOST_TEST(((again.response.status == 200u || again.response.status == 201u) &&
+              !replayed(again.response)),
+             again.error << describe(again.response));
+}

@@ -26,7 +26,7 @@ using namespace std::chrono_literals;
 using idemgate::core::PrimaryTracker;
 using idemgate::core::store_errc;
 using idemgate::storage::redis::key_slot;
-using idemgate::storage::redis::make_cluster_client;
+using idemgate::storage::redis::make_redis_client;
 using idemgate::storage::redis::RedisClient;
 using idemgate::storage::redis::Reply;
 using idemgate::test::scale::RedisCluster;
@@ -86,7 +86,7 @@ struct ClusterFixture {
   RedisCluster cluster;
   asio::io_context io;
   std::shared_ptr<PrimaryTracker> tracker = std::make_shared<PrimaryTracker>();
-  std::unique_ptr<RedisClient> client = make_cluster_client(io.get_executor(), options(), tracker);
+  std::unique_ptr<RedisClient> client = make_redis_client(io.get_executor(), options(), tracker);
 
   idemgate::config::Redis options() const {
     idemgate::config::Redis o;
@@ -183,7 +183,7 @@ BOOST_AUTO_TEST_CASE(spec_C42_moved_after_a_reshard_is_followed_with_one_map_rel
   BOOST_TEST(cluster.holds(1, fresh));
   BOOST_TEST(exec(stays, {"GET", stays}).str == "2");
   BOOST_TEST(client->connect_count() == 3u);
-  // Slot 0's range now has another primary: one switch (SPEC C46, see make_cluster_client).
+  // Slot 0's range now has another primary: one switch (SPEC C46, see redis_cluster.hpp).
   BOOST_TEST(tracker->switches() == 1u);
 }
 

@@ -202,6 +202,16 @@ std::vector<std::string> SentinelTopology::sentinel_addresses() const {
   return out;
 }
 
+config::Redis SentinelTopology::redis_options() const {
+  config::Redis o;
+  o.mode = config::Redis::Mode::sentinel;
+  for (const auto& s : sentinels_) o.sentinels.push_back({kLoopback, s->port});
+  o.master_name = options_.master_name;
+  o.password = options_.password;
+  o.sentinel_password = options_.sentinel_password;
+  return o;
+}
+
 std::string SentinelTopology::gateway_redis() const {
   std::string out = "sentinels: [";
   const auto addresses = sentinel_addresses();

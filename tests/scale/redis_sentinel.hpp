@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "gateway/config/config.hpp"
 #include "storage/redis/redis_connection.hpp"
 #include "tests/e2e/gateway_fixture.hpp"
 #include "tests/support/process.hpp"
@@ -76,6 +77,9 @@ class SentinelTopology {
   /// The entries of `storage.redis` that name this deployment: `sentinels: [...], master_name:
   /// NAME`, plus `password` and `sentinel_password` when set.
   std::string gateway_redis() const;
+
+  /// The same as `storage.redis` options for the product's own client (mode sentinel).
+  config::Redis redis_options() const;
 
   /// The data node that is the primary now (by this object's view: initially the first node,
   /// after wait_for_promotion() the promoted one).

@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "gateway/core/replay_marker.hpp"
 #include "tests/e2e/gateway_fixture.hpp"
 #include "tests/fault/local_stores.hpp"
 #include "tests/ops/metric_text.hpp"
@@ -699,6 +700,55 @@ BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_fewer_acks_is_a_store_error_and_re
             << ms(refused.elapsed()) << " retries: " << summary(kinds) << std::endl;
 }
 
+// SPEC C41 "fewer → store error, lock released", for every request refused while the replica is
+// away. On one io thread the four writes and WAITs share a connection, and Redis runs a WAIT only
+// after the previous one returned: the second WAIT outlives operation_timeout, the gateway gives
+// up on that connection and answers 503, but that request's SET had already run. Its token must
+// go as soon as Redis answers again, or the retry meets it (409) until lock_ttl (30 s).
+BOOST_AUTO_TEST_CASE(spec_C41_wait_replicas_1_no_request_refused_for_too_few_acks_keeps_its_lock) {
+  constexpr std::size_t kRequests = 4;
+  SentinelTopology topology;
+  PaymentService payments;
+  GatewayConfig config = sentinel_config(topology, payments, "acks4.test", ", wait_replicas: 1");
+  config.threads = 1;
+  Gateway gateway(config, 1);
+  warm_up(gateway, "acks4.test");
+  const auto posts = payments.counter("payment_posts");
+  std::vector<HttpRequest> requests;
+  for (std::size_t i = 0; i < kRequests; ++i)
+    requests.push_back(payment_post("acks4.test", unique_name("c41-acks4")));
+
+  topology.signal_node(topology.replica_port(), SIGSTOP);
+  const auto refused = run_concurrently(kRequests, [&](std::size_t i) {
+    return http_request(kLoopback, gateway.port(0), requests[i], kClientTimeout);
+  });
+  topology.signal_node(topology.replica_port(), SIGCONT);
+  for (const auto& r : refused) {
+    BOOST_TEST(r.error.empty(), r.error);
+    BOOST_TEST(store_unavailable(r.response), gateway.explain(r.response));
+  }
+  BOOST_TEST(payments.counter("payment_posts") == posts, "forwarded without the replica's ack");
+
+  // Each key again once the replica acknowledges: 503 until it does, never 409.
+  std::map<std::string, int> kinds;
+  for (const auto& request : requests) {
+    Timed retry;
+    const auto deadline = Clock::now() + kEventDeadline;
+    do {
+      retry = send_timed(gateway, request, 0);
+      ++kinds[kind_of(retry)];
+    } while (kind_of(retry) == "503" && Clock::now() < deadline &&
+             (std::this_thread::sleep_for(kRetryInterval), true));
+    BOOST_TEST(executed(retry.response), gateway.explain(retry.response));
+  }
+  BOOST_TEST(!kinds.contains("409"), "a refused request left its lock behind: " << summary(kinds));
+  const auto executions = payments.counter("payment_posts") - posts;
+  BOOST_TEST(executions == kRequests);
+  report("C41_wait_replicas_fewer_acks_4_at_once", executions, kRequests);
+  std::cout << "figures scenario=C41_wait_replicas_fewer_acks_4_at_once retries: " << summary(kinds)
+            << std::endl;
+}
+
 BOOST_AUTO_TEST_CASE(spec_C41_sentinels_naming_a_replica_get_no_lock_command_and_requests_get_503) {
   SentinelTopology::Options options;
   options.monitor_replica = true;
@@ -967,4 +1017,43 @@ BOOST_AUTO_TEST_CASE(spec_C46_each_instance_counts_and_logs_the_switch_to_the_ne
   }
   std::cout << "figures scenario=C46_failover_counted_once from=" << from << " to=" << to << " "
             << summary(kinds) << std::endl;
+}
+
+// The `keys` CLI runs the gateway's own Sentinel client: it finds the primary through the
+// sentinels, shows the record with its committed marker, and purge deletes both, after which the
+// key executes again.
+BOOST_AUTO_TEST_CASE(keys_show_and_purge_reach_the_primary_the_sentinels_name) {
+  SentinelTopology topology;
+  PaymentService payments;
+  Gateway gateway(sentinel_config(topology, payments, "cli.test"), 1);
+  const std::string key = unique_name("c41-cli");
+  const HttpRequest request = payment_post("cli.test", key);
+  const std::string lock = lock_key(record_id_hex("c41-cli", key));
+
+  const Timed first = send_timed(gateway, request, 0);
+  BOOST_TEST_REQUIRE(executed(first.response), first.error << gateway.explain(first.response));
+  BOOST_TEST_REQUIRE(eventually([&] {
+    const RedisValue held = topology.node_command(topology.primary_port(), {"GET", lock});
+    return held.kind == RedisValue::Kind::string && idemgate::core::is_replay_marker(held.str);
+  }));
+
+  const auto shown =
+      run_keys(gateway.config_path(), gateway.dir(), {"show", "--route", "c41-cli", key});
+  BOOST_TEST(shown.status == 0, shown.err);
+  BOOST_TEST(shown.out.find("status 201\n") != std::string::npos, shown.out);
+  BOOST_TEST(shown.out.find("replay_marker present\n") != std::string::npos, shown.out);
+
+  const auto purged =
+      run_keys(gateway.config_path(), gateway.dir(), {"purge", "--route", "c41-cli", key});
+  BOOST_TEST(purged.status == 0, purged.err);
+  BOOST_TEST(purged.out.find("deleted record ") != std::string::npos, purged.out);
+  BOOST_TEST(purged.out.find("deleted replay marker " + lock) != std::string::npos, purged.out);
+  BOOST_TEST(topology.node_command(topology.primary_port(), {"EXISTS", lock}).integer == 0);
+  const auto gone =
+      run_keys(gateway.config_path(), gateway.dir(), {"show", "--route", "c41-cli", key});
+  BOOST_TEST(gone.status == 1);
+  BOOST_TEST(gone.out == "not found\n");
+
+  const Timed again = send_timed(gateway, request, 0);
+  BOOST_TEST(executed(again.response), again.error << gateway.explain(again.response));
 }

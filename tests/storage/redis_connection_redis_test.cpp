@@ -118,7 +118,9 @@ BOOST_AUTO_TEST_CASE(refused_auth_fails_commands_with_protocol_error) {
 
 // An ACL user limited to the lock keys and the commands REFERENCE lists: every connection
 // authenticates as it first, and the lock's whole life (acquire, renew, marker, release) fits
-// those permissions; a key outside the prefix is refused by Redis, a wrong password by AUTH.
+// those permissions (without `client|id` and `client|kill`, a lost reply is undone without
+// killing its connection first); a key outside the prefix is refused by Redis, a wrong password by
+// AUTH.
 BOOST_AUTO_TEST_CASE(an_acl_user_limited_to_the_lock_keys_runs_the_lock) {
   const std::string user = "idemgate-acl-" + std::to_string(std::random_device{}());
   RedisConnection admin{io.get_executor(), options};
@@ -133,7 +135,7 @@ BOOST_AUTO_TEST_CASE(an_acl_user_limited_to_the_lock_keys_runs_the_lock) {
   as_user.username = user;
   as_user.password = "acl-secret";
   RedisConnection connection{io.get_executor(), as_user};
-  idemgate::storage::redis::SingleServerClient client{connection};
+  idemgate::storage::redis::RedisClient client{connection};
   idemgate::storage::redis::RedisLock lock{client};
   run([](RedisConnection* c, idemgate::storage::redis::RedisLock* l) -> asio::awaitable<void> {
     idemgate::core::Sha256 id{};
@@ -263,23 +265,25 @@ BOOST_AUTO_TEST_CASE(a_cancelled_command_reports_operation_aborted) {
   BOOST_CHECK(blocked->error() == asio::error::operation_aborted);
 }
 
-// SPEC C41: WAIT counts only its own connection's writes, so execute_then sends the pair with
-// nothing in between and returns both replies.
-BOOST_AUTO_TEST_CASE(execute_then_returns_both_replies_of_a_back_to_back_pair) {
+// SPEC C41: WAIT counts only its own connection's writes, so a call's commands go back to back,
+// with nothing in between, and each gets its own reply.
+BOOST_AUTO_TEST_CASE(commands_of_one_call_go_back_to_back_and_each_gets_its_reply) {
   RedisConnection connection{io.get_executor(), options};
   run([](RedisConnection* c) -> asio::awaitable<void> {
     const auto key = random_key();
-    std::vector<std::string> set{"SET", key, "v", "PX", "60000"};
-    std::vector<std::string> get{"GET", key};
-    auto pair = co_await c->execute_then(std::move(set), std::move(get));
+    std::vector<idemgate::storage::redis::Command> set_get{{"SET", key, "v", "PX", "60000"},
+                                                           {"GET", key}};
+    auto pair = co_await c->execute(std::move(set_get));
     BOOST_REQUIRE(pair.has_value());
-    BOOST_CHECK(pair->first.is_status("OK"));
-    BOOST_CHECK(pair->second.str == "v");
-    std::vector<std::string> write{"SET", key, "w"};
-    std::vector<std::string> wait{"WAIT", "0", "10"};
-    auto waited = co_await c->execute_then(std::move(write), std::move(wait));
+    BOOST_REQUIRE_EQUAL(pair->size(), 2u);
+    BOOST_CHECK((*pair)[0].is_status("OK"));
+    BOOST_CHECK((*pair)[1].str == "v");
+    std::vector<idemgate::storage::redis::Command> write_wait{{"SET", key, "w"},
+                                                              {"WAIT", "0", "10"}};
+    auto waited = co_await c->execute(std::move(write_wait));
     BOOST_REQUIRE(waited.has_value());
-    BOOST_CHECK(waited->second.kind == Reply::Kind::integer);
+    BOOST_REQUIRE_EQUAL(waited->size(), 2u);
+    BOOST_CHECK((*waited)[1].kind == Reply::Kind::integer);
   }(&connection));
 }
 

@@ -14,10 +14,10 @@
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
 using idemgate::core::store_errc;
+using idemgate::storage::redis::RedisClient;
 using idemgate::storage::redis::RedisConnection;
 using idemgate::storage::redis::RedisLock;
 using idemgate::storage::redis::Reply;
-using idemgate::storage::redis::SingleServerClient;
 using idemgate::test::reply_of;
 using idemgate::test::lock_service_contract::expect;
 using idemgate::test::lock_service_contract::random_id;
@@ -32,7 +32,7 @@ namespace {
 struct RedisLockFixture {
   asio::io_context io;
   RedisConnection connection{io.get_executor(), idemgate::test::redis_options_from_env()};
-  SingleServerClient client{connection};
+  RedisClient client{connection};
   RedisLock redis_lock{client};
 
   idemgate::core::LockService& lock() { return redis_lock; }
@@ -127,7 +127,7 @@ BOOST_FIXTURE_TEST_CASE(spec_C25_operation_past_timeout_is_timed_out_and_next_ca
   // this and the call would then succeed, which fails the case instead of hanging it.
   static constexpr auto kPause = 60s;
   RedisConnection connection{io.get_executor(), options_with_timeout(kTimeout)};
-  SingleServerClient client{connection};
+  RedisClient client{connection};
   RedisLock lock{client};
   idemgate::test::run_one(
       io, [](SideFixture* f, RedisConnection* conn, RedisLock* l) -> asio::awaitable<void> {
@@ -147,51 +147,65 @@ BOOST_FIXTURE_TEST_CASE(spec_C25_operation_past_timeout_is_timed_out_and_next_ca
         BOOST_CHECK(elapsed >= kTimeout);  // the deadline was not cut short
 
         co_await expect(l->try_acquire(random_id(), "owner-a", 30s), true, "acquire after unpause");
-        BOOST_CHECK_EQUAL(conn->connect_count(), 2u);
+        // Reconnected by itself (the timed-out acquire's undo opens a connection at once, and
+        // opens another should that one meet the pause too).
+        BOOST_CHECK_GE(conn->connect_count(), 2u);
       }(this, &connection, &lock));
 }
 
 // All commands pipelined on a connection that times out end with timed_out (none waits for a
-// reply that would now be matched to the wrong command).
+// reply that would now be matched to the wrong command). Each of those SETs may still run when
+// the server resumes (SPEC C25): their tokens are deleted once it answers again.
 BOOST_FIXTURE_TEST_CASE(spec_C25_every_command_in_flight_on_a_timed_out_connection_is_timed_out,
                         SideFixture) {
   constexpr int kInFlight = 5;
   RedisConnection connection{io.get_executor(), options_with_timeout(200ms)};
-  SingleServerClient client{connection};
+  RedisClient client{connection};
   RedisLock lock{client};
   idemgate::test::run_one(io, [](SideFixture* f) -> asio::awaitable<void> {
     co_await require_ok(f->side.command("CLIENT", "PAUSE", "20000", "WRITE"));
   }(this));
 
+  std::vector<idemgate::core::Sha256> ids;
   std::vector<std::optional<boost::system::result<bool>>> results(kInFlight);
   std::vector<asio::awaitable<void>> bodies;
   for (auto& slot : results) {
-    bodies.push_back(
-        [](RedisLock* l, std::optional<boost::system::result<bool>>* out) -> asio::awaitable<void> {
-          *out = co_await l->try_acquire(random_id(), "owner-a", 30s);
-        }(&lock, &slot));
+    ids.push_back(random_id());
+    bodies.push_back([](RedisLock* l, idemgate::core::Sha256 id,
+                        std::optional<boost::system::result<bool>>* out) -> asio::awaitable<void> {
+      *out = co_await l->try_acquire(id, "owner-a", 30s);
+    }(&lock, ids.back(), &slot));
   }
   idemgate::test::run_all(io, std::move(bodies));
-  idemgate::test::run_one(io, [](SideFixture* f) -> asio::awaitable<void> {
-    co_await require_ok(f->side.command("CLIENT", "UNPAUSE"));
-  }(this));
-
   for (const auto& r : results) {
     BOOST_REQUIRE(r.has_value());
     BOOST_REQUIRE(!r->has_value());
     BOOST_CHECK(r->error() == store_errc::timed_out);
   }
-  BOOST_CHECK_EQUAL(connection.connect_count(), 1u);
-  idemgate::test::run_one(io, [](RedisLock* l) -> asio::awaitable<void> {
-    co_await expect(l->try_acquire(random_id(), "owner-a", 30s), true, "acquire after unpause");
-  }(&lock));
-  BOOST_CHECK_EQUAL(connection.connect_count(), 2u);
+  BOOST_CHECK_EQUAL(connection.pending_undos(), static_cast<std::size_t>(kInFlight));
+
+  idemgate::test::run_one(io, [](SideFixture* f) -> asio::awaitable<void> {
+    co_await require_ok(f->side.command("CLIENT", "UNPAUSE"));
+  }(this));
+  idemgate::test::run_one(
+      io,
+      [](SideFixture* f, RedisConnection* conn, RedisLock* l,
+         std::vector<idemgate::core::Sha256> all) -> asio::awaitable<void> {
+        const bool undone = co_await idemgate::test::eventually(
+            f->io.get_executor(), [conn] { return conn->pending_undos() == 0; });
+        BOOST_CHECK_MESSAGE(undone, conn->pending_undos() << " undos still pending");
+        for (const auto& id : all) {
+          const auto left = co_await reply_of(f->side.command("EXISTS", RedisLock::key_of(id)));
+          BOOST_CHECK_MESSAGE(left.integer == 0, "a lock taken by a timed-out SET is left");
+        }
+        co_await expect(l->try_acquire(random_id(), "owner-a", 30s), true, "acquire after unpause");
+      }(this, &connection, &lock, ids));
 }
 
 // SPEC C25: a connection the server dropped is replaced by the next calls, with no restart.
 BOOST_FIXTURE_TEST_CASE(spec_C25_reconnects_after_the_server_killed_the_connection, SideFixture) {
   RedisConnection connection{io.get_executor(), options_with_timeout(5s)};
-  SingleServerClient client{connection};
+  RedisClient client{connection};
   RedisLock lock{client};
   idemgate::test::run_one(
       io, [](SideFixture* f, RedisConnection* conn, RedisLock* l) -> asio::awaitable<void> {
@@ -227,7 +241,7 @@ BOOST_AUTO_TEST_CASE(spec_C25_nothing_listening_is_unavailable_before_the_deadli
   options.port = placeholder.local_endpoint().port();
   options.operation_timeout = 60s;
   RedisConnection connection{io.get_executor(), options};
-  SingleServerClient client{connection};
+  RedisClient client{connection};
   RedisLock lock{client};
   idemgate::test::run_one(io, [](RedisConnection* conn, RedisLock* l) -> asio::awaitable<void> {
     for (int attempt = 1; attempt <= 2; ++attempt) {

@@ -13,6 +13,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -85,6 +86,18 @@ inline boost::asio::awaitable<void> sleep_for(boost::asio::any_io_executor execu
                                               std::chrono::milliseconds d) {
   boost::asio::steady_timer timer(executor, d);
   co_await timer.async_wait(use_nothrow);
+}
+
+/// Polls `condition` on `executor` every few milliseconds until it holds (true) or a safety
+/// deadline of 30 s passes (false): for state a test cannot await as an event.
+inline boost::asio::awaitable<bool> eventually(boost::asio::any_io_executor executor,
+                                               std::function<bool()> condition) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) co_return false;
+    co_await sleep_for(executor, std::chrono::milliseconds(5));
+  }
+  co_return true;
 }
 
 }  // namespace idemgate::test
