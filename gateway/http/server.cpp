@@ -64,6 +64,7 @@ void open_acceptor(tcp::acceptor& acceptor, const tcp::endpoint& endpoint) {
   acceptor.set_option(reuse_port(true));
   acceptor.bind(endpoint);
   acceptor.listen(asio::socket_base::max_listen_connections);
+  acceptor.non_blocking(true);  // accept_loop accepts only when a connection waits
 }
 
 constexpr auto kAcceptBackoffFirst = std::chrono::milliseconds(50);
@@ -88,21 +89,31 @@ asio::awaitable<void> Server::accept_loop(Worker& worker) {
   const auto wake = [w = &worker] { asio::post(w->io_context, [w] { w->accept_wake.cancel(); }); };
   auto backoff = kAcceptBackoffFirst;
   while (worker.acceptor.is_open()) {
-    if (!gate.try_take()) {
-      // C52: at max_connections no accept is pending; new connections wait in the backlog.
-      gate.note_pause("max_connections");
-      worker.accept_wake.expires_at(asio::steady_timer::time_point::max());
-      if (!gate.take_or_park(id, wake)) {
-        co_await worker.accept_wake.async_wait(use_nothrow);
-        gate.unpark(id);
-        continue;
+    // A slot is taken only once a connection waits in this thread's backlog: every thread
+    // listens on a socket of its own (SO_REUSEPORT), and a slot held by an accept pending on an
+    // empty one would leave a connection waiting in another thread's backlog below the limit.
+    auto [ec] = co_await worker.acceptor.async_wait(tcp::acceptor::wait_read, use_nothrow);
+    tcp::socket socket(worker.io_context);
+    if (!ec) {
+      if (!gate.try_take()) {
+        // C52: at max_connections nothing is accepted; new connections wait in the backlog.
+        gate.note_pause("max_connections");
+        worker.accept_wake.expires_at(asio::steady_timer::time_point::max());
+        if (!gate.take_or_park(id, wake)) {
+          co_await worker.accept_wake.async_wait(use_nothrow);
+          gate.unpark(id);
+          continue;
+        }
       }
+      worker.acceptor.accept(socket, ec);  // non-blocking: the listener is
+      if (ec) gate.give_back();
     }
-    auto [ec, socket] = co_await worker.acceptor.async_accept(use_nothrow);
     if (ec) {
-      gate.give_back();
       if (ec == asio::error::operation_aborted || !worker.acceptor.is_open()) break;
-      if (ec == asio::error::connection_aborted) continue;  // that connection only
+      // Gone before it was accepted (reset in the backlog): that connection only.
+      if (ec == asio::error::would_block || ec == asio::error::try_again ||
+          ec == asio::error::connection_aborted)
+        continue;
       // Out of descriptors (EMFILE, ENFILE) or memory: retrying now would fail again and spin.
       // Wait for a connection to close, or for the backoff when what frees them is elsewhere.
       gate.note_pause(ec.message());
