@@ -7,6 +7,7 @@
 #include "gateway/descriptor_budget.hpp"
 #include "gateway/http/admission.hpp"
 #include "gateway/http/connection_gate.hpp"
+#include "tests/support/config_text.hpp"
 
 // SPEC §7 without a network: the keys of C52-C54 (defaults, and every bad value refused with
 // `FILE:LINE: key.path: problem`), the default of max_connections from the descriptor limit, and
@@ -19,29 +20,11 @@ using idemgate::http::ConnectionGate;
 namespace {
 
 // Lines 1-9; a test appends `limits:` (line 10) or replaces parts.
-const std::string kBase =
-    "listen: { address: 127.0.0.1, port: 0 }\n"                         // 1
-    "storage:\n"                                                        // 2
-    "  postgres: { dsn: \"postgresql://idem@127.0.0.1:5432/idem\" }\n"  // 3
-    "upstreams:\n"                                                      // 4
-    "  app: { servers: [\"127.0.0.1:9001\"] }\n"                        // 5
-    "routes:\n"                                                         // 6
-    "  - name: r\n"                                                     // 7
-    "    match: { path_prefix: / }\n"                                   // 8
-    "    upstream: app\n";                                              // 9
+const std::string& kBase = idemgate::test::kMinimalConfig;
 
-std::shared_ptr<const cfg::Config> load(const std::string& text) {
-  return cfg::load_config_from_string(text, "t.yaml");
-}
-
-std::string error_of(const std::string& text) {
-  try {
-    load(text);
-  } catch (const cfg::ConfigError& e) {
-    return e.what();
-  }
-  return "loaded";
-}
+// The shared loader helpers (tests/support/config_text.hpp) under the names used here.
+constexpr auto& load = idemgate::test::load_config_text;
+constexpr auto& error_of = idemgate::test::config_error_of;
 
 std::string with_postgres(const std::string& entries) {
   std::string text = kBase;
