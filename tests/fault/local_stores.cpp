@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -190,6 +191,28 @@ std::string LocalStores::run(const std::vector<std::string>& args) const {
                              read_text_file(o.stderr_path));
   }
   return read_text_file(o.stdout_path);
+}
+
+namespace {
+
+std::unique_ptr<LocalStores>& private_instance() {
+  static std::unique_ptr<LocalStores> instance;
+  return instance;
+}
+
+}  // namespace
+
+PrivateStores::PrivateStores() {
+  private_instance() = std::make_unique<LocalStores>();
+}
+
+PrivateStores::~PrivateStores() {
+  private_instance().reset();
+}
+
+LocalStores& private_stores() {
+  if (!private_instance()) throw std::logic_error("the private stores are not running");
+  return *private_instance();
 }
 
 }  // namespace idemgate::test::fault

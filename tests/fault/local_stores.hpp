@@ -73,4 +73,17 @@ class LocalStores {
   std::vector<pid_t> frozen_pg_;  ///< stopped by freeze_pg, in the order they were stopped
 };
 
+/// A Boost.Test global fixture that gives a test binary one LocalStores of its own for all its
+/// suites (`BOOST_GLOBAL_FIXTURE(PrivateStores);`): started before the first test case, stopped
+/// after the last. private_stores() reaches them.
+struct PrivateStores {
+  PrivateStores();
+  ~PrivateStores();
+  PrivateStores(const PrivateStores&) = delete;
+  PrivateStores& operator=(const PrivateStores&) = delete;
+};
+
+/// The stores PrivateStores runs; throws std::logic_error while none are running.
+LocalStores& private_stores();
+
 }  // namespace idemgate::test::fault

@@ -47,22 +47,11 @@ namespace json = boost::json;
 using namespace std::chrono_literals;
 using namespace idemgate::test;
 using namespace idemgate::test::e2e;
-using idemgate::test::fault::LocalStores;
+using idemgate::test::fault::PrivateStores;
 using Clock = std::chrono::steady_clock;
 
-// -------------------------------------------------------------------------------------------
 // Private stores for the whole binary: a scenario restarts Redis, another freezes Postgres.
-
-struct PrivateStores {
-  PrivateStores() { instance = std::make_unique<LocalStores>(); }
-  ~PrivateStores() { instance.reset(); }
-  static inline std::unique_ptr<LocalStores> instance;
-};
-
-LocalStores& stores() {
-  if (!PrivateStores::instance) throw std::logic_error("the private stores are not running");
-  return *PrivateStores::instance;
-}
+constexpr auto& stores = idemgate::test::fault::private_stores;
 
 // -------------------------------------------------------------------------------------------
 

@@ -91,17 +91,28 @@ struct Fixture {
     };
   }
 
+  /// Starts `f` on `req` without running `io`; the result lands in `out` once `io` runs.
+  void spawn(IdempotencyFilter& f, KeyedRequest req, IdempotencyFilter::Forward forward,
+             std::optional<FilterResult>& out) {
+    asio::co_spawn(io, f.run(policy, std::move(req), std::move(forward)),
+                   [&out](std::exception_ptr e, FilterResult r) {
+                     if (e) std::rethrow_exception(e);
+                     out = std::move(r);
+                   });
+  }
+
   /// Runs the filter to its end and returns its result. FilterResult's outcome defaults to
   /// `executed`, so the result is only taken from a coroutine that completed: one that never
   /// finished (it waits on something that never comes) fails the test here instead of passing
   /// as an execution.
   FilterResult run(KeyedRequest req, IdempotencyFilter::Forward forward) {
+    return run(filter, std::move(req), std::move(forward));
+  }
+
+  /// The same through `f`, a filter with other dependencies (a commit budget).
+  FilterResult run(IdempotencyFilter& f, KeyedRequest req, IdempotencyFilter::Forward forward) {
     std::optional<FilterResult> out;
-    asio::co_spawn(io, filter.run(policy, std::move(req), std::move(forward)),
-                   [&out](std::exception_ptr e, FilterResult r) {
-                     if (e) std::rethrow_exception(e);
-                     out = std::move(r);
-                   });
+    spawn(f, std::move(req), std::move(forward), out);
     io.restart();
     io.run();
     BOOST_REQUIRE_MESSAGE(out.has_value(), "the filter's coroutine did not complete");
@@ -728,16 +739,9 @@ BOOST_AUTO_TEST_CASE(spec_C54_a_full_commit_queue_sheds_before_any_store_is_aske
   IdempotencyFilter bounded(store, lock, {}, budget);
   const CommitBudget::Place taken = budget->try_take();  // another request's place
   BOOST_REQUIRE(static_cast<bool>(taken));
-  std::optional<FilterResult> out;
-  asio::co_spawn(io, bounded.run(policy, request("k1"), upstream(201)),
-                 [&out](std::exception_ptr e, FilterResult r) {
-                   if (e) std::rethrow_exception(e);
-                   out = std::move(r);
-                 });
-  io.run();
-  BOOST_REQUIRE(out.has_value());
-  BOOST_TEST(static_cast<int>(out->outcome) == static_cast<int>(Outcome::shed));
-  BOOST_TEST(std::string(outcome_label(out->outcome)) == "shed");
+  const FilterResult out = run(bounded, request("k1"), upstream(201));
+  BOOST_TEST(static_cast<int>(out.outcome) == static_cast<int>(Outcome::shed));
+  BOOST_TEST(std::string(outcome_label(out.outcome)) == "shed");
   BOOST_TEST(executions == 0);
   BOOST_TEST(lock.acquire_calls == 0);  // no lock
   BOOST_TEST(store.find_calls == 0);    // no record looked up or written
@@ -750,15 +754,8 @@ BOOST_AUTO_TEST_CASE(spec_C54_an_executing_request_keeps_its_place_until_its_rec
   IdempotencyFilter bounded(store, lock, {}, budget);
   std::optional<std::size_t> pending_at_commit;
   store.before_insert = [&] { pending_at_commit = budget->pending(); };
-  std::optional<FilterResult> out;
-  asio::co_spawn(io, bounded.run(policy, request("k1"), upstream(201)),
-                 [&out](std::exception_ptr e, FilterResult r) {
-                   if (e) std::rethrow_exception(e);
-                   out = std::move(r);
-                 });
-  io.run();
-  BOOST_REQUIRE(out.has_value());
-  BOOST_TEST(static_cast<int>(out->outcome) == static_cast<int>(Outcome::executed));
+  const FilterResult out = run(bounded, request("k1"), upstream(201));
+  BOOST_TEST(static_cast<int>(out.outcome) == static_cast<int>(Outcome::executed));
   BOOST_TEST(pending_at_commit.value_or(0) == 1u);
   BOOST_TEST(budget->pending() == 0u);  // given back once the record is committed
 }
@@ -772,21 +769,12 @@ BOOST_AUTO_TEST_CASE(spec_C54_a_waiter_holds_no_place_while_it_waits) {
   BOOST_REQUIRE(lock.take(held.id, "first", 1h));
   std::optional<FilterResult> waiter;
   std::optional<FilterResult> other;
-  asio::co_spawn(io, bounded.run(policy, held, upstream(201)),
-                 [&waiter](std::exception_ptr e, FilterResult r) {
-                   if (e) std::rethrow_exception(e);
-                   waiter = std::move(r);
-                 });
+  spawn(bounded, held, upstream(201), waiter);
   // Starts while the first one polls: with a budget of one place, it executes only if the
   // waiter gave its place back.
   asio::steady_timer later(io, 50ms);
-  later.async_wait([&](boost::system::error_code) {
-    asio::co_spawn(io, bounded.run(policy, request("other"), upstream(201)),
-                   [&other](std::exception_ptr e, FilterResult r) {
-                     if (e) std::rethrow_exception(e);
-                     other = std::move(r);
-                   });
-  });
+  later.async_wait(
+      [&](boost::system::error_code) { spawn(bounded, request("other"), upstream(201), other); });
   io.run();
   BOOST_REQUIRE(waiter.has_value());
   BOOST_REQUIRE(other.has_value());
