@@ -11,15 +11,12 @@
 // `cut=K lived_ms_min=… lived_ms_p50=… lived_ms_p99=… lived_ms_max=… open=M refused=R`: K
 // connections the server closed, how long they had lived, the connections open at the end, and
 // connects that failed.
-#include <unistd.h>
-
 #include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -27,10 +24,10 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
-#include <functional>
-#include <iostream>
 #include <string>
 #include <vector>
+
+#include "bench/tool_support.hpp"
 
 namespace {
 
@@ -134,14 +131,7 @@ int main(int argc, char** argv) {
   options.add_options()("host", po::value(&host))("port", po::value(&port)->required())(
       "connections", po::value(&connections))("interval-ms", po::value(&interval_ms))(
       "max-connecting", po::value(&max_connecting));
-  try {
-    po::variables_map vm;
-    po::store(po::parse_command_line(argc, argv, options), vm);
-    po::notify(vm);
-  } catch (const std::exception& e) {
-    std::cerr << e.what() << "\n" << options;
-    return 2;
-  }
+  if (!idemgate::bench::parse_options(argc, argv, options)) return 2;
 
   asio::io_context io(1);
   Run run(io);
@@ -156,24 +146,16 @@ int main(int argc, char** argv) {
     });
   }
   // EOF on stdin ends the run: the figures, then every socket closes with the io_context.
-  asio::posix::stream_descriptor input(io, ::dup(STDIN_FILENO));
-  char sink[256];
-  std::function<void(boost::system::error_code, std::size_t)> on_input =
-      [&](boost::system::error_code ec, std::size_t) {
-        if (ec) {
-          auto& v = run.lived_ms;
-          std::printf(
-              "cut=%zu lived_ms_min=%.0f lived_ms_p50=%.0f lived_ms_p99=%.0f lived_ms_max=%.0f "
-              "open=%d refused=%d\n",
-              v.size(), v.empty() ? 0.0 : *std::min_element(v.begin(), v.end()), percentile(v, 0.5),
-              percentile(v, 0.99), percentile(v, 1.0), run.open, run.refused);
-          std::fflush(stdout);
-          io.stop();
-          return;
-        }
-        input.async_read_some(asio::buffer(sink), on_input);
-      };
-  input.async_read_some(asio::buffer(sink), on_input);
+  const idemgate::bench::StdinWatch watch(io, [&] {
+    auto& v = run.lived_ms;
+    std::printf(
+        "cut=%zu lived_ms_min=%.0f lived_ms_p50=%.0f lived_ms_p99=%.0f lived_ms_max=%.0f "
+        "open=%d refused=%d\n",
+        v.size(), v.empty() ? 0.0 : *std::min_element(v.begin(), v.end()), percentile(v, 0.5),
+        percentile(v, 0.99), percentile(v, 1.0), run.open, run.refused);
+    std::fflush(stdout);
+    io.stop();
+  });
   io.run();
   return 0;
 }
