@@ -5,6 +5,7 @@
 #include <boost/asio/ssl/stream_base.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/read_size.hpp>
 #include <boost/beast/core/stream_traits.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
@@ -44,6 +45,15 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr std::size_t kReadChunk = 4096;
+
+/// Where the next read of a request goes: kReadChunk into an empty buffer, else the room the
+/// buffer already has (beast::read_size: at least 512 bytes, growing it when less is left).
+/// Preparing kReadChunk behind bytes already read would reallocate and copy the buffer at every
+/// read of a header arriving a few bytes at a time: a slowloris client's every byte (C54).
+beast::flat_buffer::mutable_buffers_type read_room(beast::flat_buffer& buffer) {
+  return buffer.prepare(buffer.capacity() == 0 ? kReadChunk : beast::read_size(buffer, kReadChunk));
+}
+
 /// After a response that ends the connection, how long to read and discard what the client still
 /// sends: closing with unread input makes the kernel send a reset that can destroy the response.
 constexpr auto kLingerTime = std::chrono::seconds(2);
@@ -233,7 +243,7 @@ asio::awaitable<void> BasicSession<Stream>::run() {
       // idle_timeout between requests.
       const auto limits = context_->config()->limits;
       lowest().expires_after(first ? limits.header_read_timeout : limits.idle_timeout);
-      auto [ec, n] = co_await stream_.async_read_some(buffer.prepare(kReadChunk), use_nothrow);
+      auto [ec, n] = co_await stream_.async_read_some(read_room(buffer), use_nothrow);
       if (ec) break;
       buffer.commit(n);
     }
@@ -315,7 +325,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
     boost::system::error_code pec;
     probe.put(buffer.data(), pec);
     if (pec != bhttp::error::need_more) break;
-    auto [rec, rn] = co_await stream_.async_read_some(buffer.prepare(kReadChunk), use_nothrow);
+    auto [rec, rn] = co_await stream_.async_read_some(read_room(buffer), use_nothrow);
     if (rec) co_return false;  // EOF, reset or timeout before a whole header: end silently
     buffer.commit(rn);
   }
