@@ -5,13 +5,11 @@
 //
 // Prints `ready N` once every connection has its answer (`ready` counts only those that got
 // one), then `closed K` (connections the server closed meanwhile) when stdin reaches EOF.
-#include <unistd.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/read_until.hpp>
 #include <boost/asio/streambuf.hpp>
@@ -21,11 +19,11 @@
 #include <cctype>
 #include <cstdio>
 #include <exception>
-#include <functional>
-#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "bench/tool_support.hpp"
 
 namespace {
 
@@ -101,14 +99,7 @@ int main(int argc, char** argv) {
   po::options_description options("idle_connections");
   options.add_options()("host", po::value(&host))("port", po::value(&port)->required())(
       "connections", po::value(&connections))("path", po::value(&path));
-  try {
-    po::variables_map vm;
-    po::store(po::parse_command_line(argc, argv, options), vm);
-    po::notify(vm);
-  } catch (const std::exception& e) {
-    std::cerr << e.what() << "\n" << options;
-    return 2;
-  }
+  if (!idemgate::bench::parse_options(argc, argv, options)) return 2;
 
   asio::io_context io;
   Counts counts;
@@ -122,19 +113,11 @@ int main(int argc, char** argv) {
     });
   }
   // EOF on stdin ends the run: every socket is closed with the io_context.
-  asio::posix::stream_descriptor input(io, ::dup(STDIN_FILENO));
-  char sink[256];
-  std::function<void(boost::system::error_code, std::size_t)> on_input =
-      [&](boost::system::error_code ec, std::size_t) {
-        if (ec) {
-          std::printf("closed %d\n", counts.closed);
-          std::fflush(stdout);
-          io.stop();
-          return;
-        }
-        input.async_read_some(asio::buffer(sink), on_input);
-      };
-  input.async_read_some(asio::buffer(sink), on_input);
+  const idemgate::bench::StdinWatch watch(io, [&] {
+    std::printf("closed %d\n", counts.closed);
+    std::fflush(stdout);
+    io.stop();
+  });
   io.run();
   return 0;
 }

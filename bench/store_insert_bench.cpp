@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/tool_support.hpp"
 #include "gateway/core/hash.hpp"
 #include "storage/pg/migrations.hpp"
 #include "storage/pg/pg_pool.hpp"
@@ -97,14 +98,7 @@ int main(int argc, char** argv) {
                                                   "route inserts through PgBatchWriter")(
       "max-in-flight", po::value(&max_in_flight), "batches out at once per thread")(
       "pool", po::value(&pool_size), "Postgres connections per thread (0: one per inserter)");
-  try {
-    po::variables_map vm;
-    po::store(po::parse_command_line(argc, argv, options), vm);
-    po::notify(vm);
-  } catch (const std::exception& e) {
-    std::cerr << e.what() << "\n" << options;
-    return 2;
-  }
+  if (!idemgate::bench::parse_options(argc, argv, options)) return 2;
   threads = std::max(1, threads);
   concurrency = std::max(threads, concurrency);
   if (auto applied = storage::pg::apply_migrations(dsn); !applied) {

@@ -15,7 +15,9 @@
 #include "gateway/admin/admin_server.hpp"
 #include "gateway/cleaner.hpp"
 #include "gateway/config/config_loader.hpp"
+#include "gateway/core/commit_budget.hpp"
 #include "gateway/core/primary_tracker.hpp"
+#include "gateway/descriptor_budget.hpp"
 #include "gateway/http/json_log.hpp"
 #include "gateway/http/server.hpp"
 #include "gateway/http/upstream_pool.hpp"
@@ -72,7 +74,8 @@ class ThreadHandler final : public http::RequestHandler {
  public:
   ThreadHandler(asio::io_context& io, const config::Config& config, Metrics& metrics,
                 std::shared_ptr<core::PrimaryTracker> pg_primary,
-                std::shared_ptr<core::PrimaryTracker> redis_primary)
+                std::shared_ptr<core::PrimaryTracker> redis_primary,
+                std::shared_ptr<core::CommitBudget> commit_budget)
       : pool_(io.get_executor(), pool_options(config, std::move(pg_primary))),
         store_(pool_, io.get_executor(), storage::pg::PgRecordStore::with_group_commit()),
         timed_store_(store_, metrics),
@@ -88,7 +91,8 @@ class ThreadHandler final : public http::RequestHandler {
                         redis_acquire_.get()}),
         timed_lock_(lock_, metrics),
         upstreams_(io.get_executor()),
-        handler_(upstreams_, timed_store_, timed_lock_, filter_events(metrics)) {}
+        handler_(upstreams_, timed_store_, timed_lock_, filter_events(metrics),
+                 std::move(commit_budget)) {}
 
   asio::awaitable<http::HandlerResult> handle(http::Exchange exchange) override {
     return handler_.handle(std::move(exchange));
@@ -230,6 +234,45 @@ void log_report(const admin::ReadinessReport& report, const char* when) {
   }
 }
 
+/// `config` with limits.max_connections resolved (SPEC C52): the soft RLIMIT_NOFILE is raised to
+/// the hard one, and the limit is derived from it unless the file sets one. Logged.
+std::shared_ptr<const config::Config> with_connection_limit(
+    std::shared_ptr<const config::Config> config) {
+  constexpr std::uint64_t kMaxConnections = 1'000'000;  // the key's own upper bound
+  std::string error;
+  const std::uint64_t open_files = raise_open_file_limit(error);
+  if (!error.empty()) {
+    log_json(spdlog::level::warn, "could not raise RLIMIT_NOFILE to its hard limit",
+             {{"error", error}, {"open_files", open_files}});
+  }
+  const DescriptorBudget budget = descriptor_budget(*config, open_files);
+  const std::uint64_t derived = std::min(budget.max_connections, kMaxConnections);
+  const bool configured = config->limits.max_connections > 0;
+  const std::uint64_t limit = configured ? config->limits.max_connections : derived;
+  if (configured && limit > derived) {
+    log_json(spdlog::level::warn,
+             "limits.max_connections is above what RLIMIT_NOFILE leaves for client connections "
+             "and their upstream sides: at that many connections, upstream and store "
+             "connections can fail for lack of descriptors; raise the limit (ulimit -n, "
+             "LimitNOFILE=) or lower max_connections",
+             {{"max_connections", limit}, {"derived", derived}, {"open_files", open_files}});
+  } else if (!configured && open_files <= budget.reserved + 2 * 16) {
+    log_json(
+        spdlog::level::warn,
+        "RLIMIT_NOFILE leaves room for very few client connections: raise it (ulimit -n, "
+        "LimitNOFILE=) or lower the upstreams' max_idle_connections and the pool sizes",
+        {{"max_connections", limit}, {"open_files", open_files}, {"reserved", budget.reserved}});
+  }
+  log_json(spdlog::level::info, "connection limit",
+           {{"max_connections", limit},
+            {"source", configured ? "limits.max_connections" : "RLIMIT_NOFILE"},
+            {"open_files", open_files},
+            {"reserved", budget.reserved}});
+  auto resolved = std::make_shared<config::Config>(*config);
+  resolved->limits.max_connections = static_cast<std::size_t>(limit);
+  return resolved;
+}
+
 }  // namespace
 
 int run_gateway(const std::string& config_path, bool migrate) {
@@ -245,6 +288,9 @@ int run_gateway(const std::string& config_path, bool migrate) {
     log_json(spdlog::level::warn, "configuration warning", {{"warning", warning}});
   }
   if (migrate && !run_migrations(config)) return kExitRuntime;
+  config = with_connection_limit(std::move(config));
+  // One bound for the process's commit queue, shared by every io thread (C54).
+  auto commit_budget = std::make_shared<core::CommitBudget>(config->storage.postgres.max_pending);
 
   Metrics metrics;
   http::SessionObservers observers;
@@ -283,8 +329,10 @@ int run_gateway(const std::string& config_path, bool migrate) {
     // upstreams and limits for new requests (SPEC §1), not the store connections.
     server = std::make_unique<http::Server>(
         config,
-        [config, &metrics, pg_primary, redis_primary](asio::io_context& io, unsigned) {
-          return std::make_unique<ThreadHandler>(io, *config, metrics, pg_primary, redis_primary);
+        [config, &metrics, pg_primary, redis_primary, commit_budget](asio::io_context& io,
+                                                                     unsigned) {
+          return std::make_unique<ThreadHandler>(io, *config, metrics, pg_primary, redis_primary,
+                                                 commit_budget);
         },
         observers);
     admin_server = std::make_unique<admin::AdminServer>(
@@ -344,6 +392,10 @@ int run_gateway(const std::string& config_path, bool migrate) {
   metrics.set_cleanup_source([&cleaner] { return cleaner.deleted_total(); });
   metrics.set_cleaner_source([&cleaner] { return cleaner.last_run(); },
                              config->storage.cleanup.interval);
+  metrics.set_overload_source([&server, &commit_budget] {
+    return Metrics::OverloadReadings{server->gate().paused_seconds(), server->gate().limit(),
+                                     commit_budget->pending()};
+  });
   admin_server->start();
 
   int status = kExitOk;
@@ -359,6 +411,7 @@ int run_gateway(const std::string& config_path, bool migrate) {
   signal_thread.join();
   admin_server->stop();
   metrics.set_cleanup_source(nullptr);
+  metrics.set_overload_source(nullptr);
   metrics.set_cleaner_source(nullptr, config->storage.cleanup.interval);
   cleaner.stop();
   server.reset();

@@ -109,8 +109,9 @@ core::RoutePolicy route_policy(const config::Idempotency& idempotency) {
 }
 
 IdempotencyHandler::IdempotencyHandler(http::Forwarder& forwarder, core::RecordStore& store,
-                                       core::LockService& lock, core::FilterEvents events)
-    : forwarder_(forwarder), filter_(store, lock, std::move(events)) {}
+                                       core::LockService& lock, core::FilterEvents events,
+                                       std::shared_ptr<core::CommitBudget> budget)
+    : forwarder_(forwarder), filter_(store, lock, std::move(events), std::move(budget)) {}
 
 asio::awaitable<http::HandlerResult> IdempotencyHandler::pass_through(http::Exchange exchange,
                                                                       const char* outcome) {
@@ -278,6 +279,10 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
       break;
     case core::Outcome::upstream_error:
       result.response = upstream_problem(decision.upstream_kind, std::move(decision.detail));
+      break;
+    case core::Outcome::shed:
+      result.response = problem(http::Problem::overloaded, std::move(decision.detail));
+      result.response.set(bhttp::field::retry_after, "1");
       break;
   }
   co_return result;

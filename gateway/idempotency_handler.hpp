@@ -25,15 +25,18 @@ inline constexpr const char* kStatusField = "Idempotency-Status";
 /// missing key on a required route → 400 (C10), invalid key → 400 (C13), and the filter's
 /// decisions: replay with `Idempotent-Replayed: true` (C16), mismatch → `on_mismatch` (C17),
 /// in flight → 409 with Retry-After (C18), store failure → 503 with Retry-After or forwarded with
-/// `Idempotency-Status: unprotected` (C25), upstream failure → 502/504 (C05, C21, C22).
+/// `Idempotency-Status: unprotected` (C25), upstream failure → 502/504 (C05, C21, C22), the
+/// commit queue full → 503 `overloaded` with Retry-After, outcome `shed` (C54).
 /// On a route with `cors`, a CORS preflight is answered here (204, C57) and never forwarded;
 /// `OPTIONS` is never keyed.
 /// The filter runs as its own coroutine, so a client that goes away does not cancel the upstream
 /// call or the record write (C34).
 class IdempotencyHandler final : public http::RequestHandler {
  public:
+  /// `budget`: the process's commit queue bound (C54, shared by the threads); null: none.
   IdempotencyHandler(http::Forwarder& forwarder, core::RecordStore& store, core::LockService& lock,
-                     core::FilterEvents events = {});
+                     core::FilterEvents events = {},
+                     std::shared_ptr<core::CommitBudget> budget = nullptr);
 
   boost::asio::awaitable<http::HandlerResult> handle(http::Exchange exchange) override;
 

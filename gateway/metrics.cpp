@@ -112,11 +112,26 @@ Metrics::Metrics()
                            .Help("Expired records deleted by the cleaner (C24)")
                            .Register(*registry_)
                            .Add({})),
-      open_connections_(prometheus::BuildGauge()
-                            .Name("idemgate_open_connections")
-                            .Help("Client connections open now")
-                            .Register(*registry_)
-                            .Add({})),
+      client_connections_(prometheus::BuildGauge()
+                              .Name("idemgate_client_connections")
+                              .Help("Client connections open now (C52)")
+                              .Register(*registry_)
+                              .Add({})),
+      accept_paused_(prometheus::BuildCounter()
+                         .Name("idemgate_accept_paused_seconds_total")
+                         .Help("Seconds during which accepting was paused: at max_connections or "
+                               "for lack of descriptors (C52)")
+                         .Register(*registry_)),
+      max_connections_(prometheus::BuildGauge()
+                           .Name("idemgate_max_connections")
+                           .Help("The limit on client connections in force (limits."
+                                 "max_connections, C52)")
+                           .Register(*registry_)),
+      pending_commits_(prometheus::BuildGauge()
+                           .Name("idemgate_pending_commits")
+                           .Help("Keyed requests holding a place in the Postgres commit queue, "
+                                 "at most storage.postgres.max_pending (C54)")
+                           .Register(*registry_)),
       in_flight_locks_(prometheus::BuildGauge()
                            .Name("idemgate_in_flight_locks")
                            .Help("In-flight locks held by this process now")
@@ -197,7 +212,7 @@ void Metrics::count_record_commit_failure() {
 }
 
 void Metrics::connection_opened() {
-  open_connections_.Increment();
+  client_connections_.Increment();
 }
 
 void Metrics::tunnel_opened() {
@@ -209,7 +224,7 @@ void Metrics::tunnel_closed() {
 }
 
 void Metrics::connection_closed() {
-  open_connections_.Decrement();
+  client_connections_.Decrement();
 }
 
 void Metrics::lock_taken() {
@@ -231,6 +246,14 @@ void Metrics::set_cleaner_source(std::function<double()> last_run,
   cleaner_last_run_source_ = std::move(last_run);
   cleaner_last_run_.Add({});
   cleaner_interval_.Add({}).Set(std::chrono::duration<double>(interval).count());
+}
+
+void Metrics::set_overload_source(std::function<OverloadReadings()> source) {
+  std::lock_guard lock(render_mutex_);
+  overload_source_ = std::move(source);
+  accept_paused_.Add({});
+  max_connections_.Add({});
+  pending_commits_.Add({});
 }
 
 void Metrics::set_ready(bool ready) {
@@ -258,6 +281,15 @@ std::string Metrics::render() {
     if (total > shown) cleanup_deleted_.Increment(total - shown);
   }
   if (cleaner_last_run_source_) cleaner_last_run_.Add({}).Set(cleaner_last_run_source_());
+  if (overload_source_) {
+    const OverloadReadings now = overload_source_();
+    auto& paused = accept_paused_.Add({});
+    if (now.accept_paused_seconds > paused.Value()) {
+      paused.Increment(now.accept_paused_seconds - paused.Value());
+    }
+    max_connections_.Add({}).Set(static_cast<double>(now.max_connections));
+    pending_commits_.Add({}).Set(static_cast<double>(now.pending_commits));
+  }
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, registry_->Collect());
   return out.str();

@@ -39,8 +39,14 @@ namespace idemgate {
 /// - counter `idemgate_store_failovers_total{store}` (C46): switches to a different Redis
 ///   primary (`redis`) or Postgres host (`postgres`); both series exist from the start at 0.
 /// - gauge `idemgate_open_tunnels` (upgrade tunnels open now, C40).
-/// - gauges `idemgate_open_connections` (client connections) and `idemgate_in_flight_locks`
-///   (in-flight locks held by this process, including ones kept on purpose until their lock_ttl).
+/// - gauges `idemgate_client_connections` (client connections open, SPEC C52) and
+///   `idemgate_in_flight_locks` (in-flight locks held by this process, including ones kept on
+///   purpose until their lock_ttl).
+/// - overload (SPEC §7), once set_overload_source was called: counter
+///   `idemgate_accept_paused_seconds_total` (time the acceptors were paused at max_connections
+///   or for lack of descriptors, C52), gauges `idemgate_max_connections` (the limit in force)
+///   and `idemgate_pending_commits` (places taken in the Postgres commit queue, C54). Shed
+///   requests are `idemgate_requests_total{outcome="shed"}` (C53, C54, max_tunnels).
 /// - gauge `idemgate_ready`: 1 when the last readiness check (the `/readyz` rule, C30) passed,
 ///   else 0; the admin listener checks on each `/readyz` and each `/metrics` request.
 /// - gauges `idemgate_cleaner_last_run_timestamp_seconds` (Unix time of the cleaner's last
@@ -89,6 +95,16 @@ class Metrics {
   void set_cleaner_source(std::function<double()> last_run, std::chrono::milliseconds interval);
   /// idemgate_ready: the result of the latest readiness check (SPEC C30).
   void set_ready(bool ready);
+
+  /// What the overload series are read from (SPEC §7), at each render.
+  struct OverloadReadings {
+    double accept_paused_seconds = 0;  ///< total since start (only ever grows)
+    std::size_t max_connections = 0;   ///< the limit in force
+    std::size_t pending_commits = 0;   ///< places taken in the commit queue now
+  };
+  /// Where the overload series come from; they are exported from the first call on. null: stop
+  /// reading (the series keep their last values).
+  void set_overload_source(std::function<OverloadReadings()> source);
   /// A request went out without deduplication (fail_open, C25). Any thread; lock-free.
   void note_unprotected() noexcept;
   /// Whether note_unprotected() was called within `window` before now (C58: `degraded`).
@@ -109,7 +125,10 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& task_failures_;
   prometheus::Family<prometheus::Counter>& store_failovers_;
   prometheus::Counter& cleanup_deleted_;
-  prometheus::Gauge& open_connections_;
+  prometheus::Gauge& client_connections_;
+  prometheus::Family<prometheus::Counter>& accept_paused_;
+  prometheus::Family<prometheus::Gauge>& max_connections_;
+  prometheus::Family<prometheus::Gauge>& pending_commits_;
   prometheus::Gauge& in_flight_locks_;
   prometheus::Gauge& open_tunnels_;
   prometheus::Gauge& ready_;
@@ -125,6 +144,7 @@ class Metrics {
       std::numeric_limits<std::chrono::steady_clock::rep>::min()};
   std::function<std::uint64_t()> cleanup_source_;
   std::function<double()> cleaner_last_run_source_;
+  std::function<OverloadReadings()> overload_source_;
 
   struct ThreadCache;
   /// The calling thread's cache of this instance's children.

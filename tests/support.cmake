@@ -4,6 +4,7 @@ add_library(idemgate_test_support STATIC
   support/process.cpp
   support/http_client.cpp
   support/metric_text.cpp
+  support/process_memory.cpp
 )
 target_link_libraries(idemgate_test_support PUBLIC Boost::headers Threads::Threads)
 

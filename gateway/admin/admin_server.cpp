@@ -1,5 +1,6 @@
 #include "gateway/admin/admin_server.hpp"
 
+#include <algorithm>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/post.hpp>
@@ -18,6 +19,7 @@
 #include <tuple>
 
 #include "gateway/http/body_reader.hpp"
+#include "gateway/http/connection_gate.hpp"
 #include "gateway/http/json_log.hpp"
 #include "gateway/http/use_nothrow.hpp"
 #include "storage/pg/pg_pool.hpp"
@@ -37,6 +39,14 @@ namespace {
 
 /// A scraper or probe that stalls is dropped after this long per request.
 constexpr auto kRequestTimeout = std::chrono::seconds(10);
+/// Admin connections open at once; more wait in the backlog (conf/REFERENCE.md, "Limits and
+/// queue bounds"). Scrapers and probes need a few.
+constexpr std::size_t kMaxConnections = 16;
+/// How often a full admin listener looks for a free slot again.
+constexpr auto kFullWait = std::chrono::milliseconds(100);
+/// Backoff after an accept error (EMFILE), doubling up to kMaxBackoff.
+constexpr auto kFirstBackoff = std::chrono::milliseconds(50);
+constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
 constexpr std::uint64_t kMaxRequestBody = 64 * 1024;
 
 struct Stores {
@@ -140,18 +150,36 @@ void log_failure(std::exception_ptr e, const char* what) {
 
 asio::awaitable<void> accept_loop(tcp::acceptor* acceptor, Stores stores,
                                   AdminServer::MetricsText* metrics_text) {
+  // Bounded like the client listener (C52), so that a flood of the admin port cannot take the
+  // descriptors kept for it; shared with the connections, which may outlive this loop.
+  auto slots = std::make_shared<http::ConnectionGate>(kMaxConnections, "admin");
+  auto backoff = kFirstBackoff;
   for (;;) {
-    auto [ec, socket] = co_await acceptor->async_accept(use_nothrow);
-    if (ec) {
-      if (ec == asio::error::operation_aborted || !acceptor->is_open()) co_return;
-      log_json(spdlog::level::warn, "admin accept failed", {{"error", ec.message()}});
-      // Out of descriptors (EMFILE) fails again at once: back off instead of spinning.
-      asio::steady_timer pause(acceptor->get_executor(), std::chrono::milliseconds(50));
+    if (!slots->try_take()) {
+      slots->note_pause("max_connections");
+      asio::steady_timer pause(acceptor->get_executor(), kFullWait);
       co_await pause.async_wait(use_nothrow);
+      if (!acceptor->is_open()) co_return;
       continue;
     }
+    auto [ec, socket] = co_await acceptor->async_accept(use_nothrow);
+    if (ec) {
+      slots->give_back();
+      if (ec == asio::error::operation_aborted || !acceptor->is_open()) co_return;
+      if (ec == asio::error::connection_aborted) continue;  // that connection only
+      // Out of descriptors (EMFILE) fails again at once: back off instead of spinning.
+      slots->note_pause(ec.message());
+      asio::steady_timer pause(acceptor->get_executor(), backoff);
+      co_await pause.async_wait(use_nothrow);
+      backoff = std::min(backoff * 2, kMaxBackoff);
+      continue;
+    }
+    backoff = kFirstBackoff;
     asio::co_spawn(acceptor->get_executor(), serve(std::move(socket), stores, metrics_text),
-                   [](std::exception_ptr e) { log_failure(e, "admin session failed"); });
+                   [slots](std::exception_ptr e) {
+                     slots->give_back();
+                     log_failure(e, "admin session failed");
+                   });
   }
 }
 

@@ -34,6 +34,10 @@ namespace idemgate::admin {
 ///   takes up to the larger store `operation_timeout` longer while a store hangs).
 /// - other paths → 404, other methods → 405 (HEAD is answered like GET without a body).
 ///
+/// At most 16 connections are open at once; more wait in the listen backlog. An accept error
+/// (EMFILE) pauses the listener with a backoff of 50 ms doubling to 1 s; pauses are logged at
+/// most once a second (`accept paused`, `listener: admin`, SPEC C52).
+///
 /// @par Thread safety
 /// Construct, start() and stop() from one controlling thread; port() anywhere.
 /// `metrics_text` and `on_ready` are called on the admin thread.

@@ -42,6 +42,12 @@ struct Limits {
   std::size_t max_streamed_body = 0;
   /// A tunnel (SPEC C40) in which no byte moved either way for this long is closed.
   Duration tunnel_idle_timeout = std::chrono::minutes(5);
+  /// Client connections open at once, over all io threads (SPEC C52); at the limit the gateway
+  /// stops accepting until one closes. 0: derived at start from RLIMIT_NOFILE
+  /// (gateway/descriptor_budget.hpp). Read at start only, like the listener.
+  std::size_t max_connections = 0;
+  /// Tunnels open at once, over all io threads (SPEC C52); an upgrade past it → 503.
+  std::size_t max_tunnels = 10000;
 };
 
 /// One `host:port`: an upstream server, a Redis sentinel or a Redis Cluster seed node.
@@ -56,6 +62,9 @@ struct Postgres {
   Duration operation_timeout = std::chrono::seconds(2);
   /// false: unnamed statements only, no session state (SPEC C44: PgBouncer transaction pooling).
   bool prepared_statements = true;
+  /// Records a process may have waiting for their commit at once, executed or about to be
+  /// (SPEC C54); while that many are pending, new keyed requests get 503 before any lock.
+  std::size_t max_pending = 10000;
 };
 
 /// `storage.redis` — one of three shapes (SPEC C41, C42): a single server (`address`/`port`),
@@ -220,6 +229,9 @@ struct Route {
   /// Set when the route has a `cors` mapping (SPEC C57); without it the gateway passes
   /// preflights and Access-Control-* fields through untouched.
   std::optional<Cors> cors;
+  /// Requests of this route in progress at once, over all io threads (SPEC C53); past it → 503
+  /// with Retry-After before any lock or record. 0: no bound.
+  std::size_t max_in_flight = 0;
 };
 
 struct Config {

@@ -38,7 +38,7 @@ const KeyTable<Config>& top_keys() {
                          "`/healthz`, `/readyz`, `/metrics`"),
       custom_key<Config>("threads", "integer", "0 → `std::thread::hardware_concurrency()`",
                          "0 – 256", "", "io_context threads, at least 1"),
-      custom_key<Config>("limits", "mapping", "see below", "", "C04, C07", ""),
+      custom_key<Config>("limits", "mapping", "see below", "", "C04, C07, C52", ""),
       custom_key<Config>("request_id", "mapping", "`{ header: X-Request-Id, generate: true }`", "",
                          "C32", "request ids on the wire and in the access line"),
       custom_key<Config>("storage", "mapping", "— (**required**)", "", "C15, C23–C25", ""),
@@ -111,6 +111,15 @@ const KeyTable<Limits>& limits_keys() {
        }},
       duration_key("tunnel_idle_timeout", &Limits::tunnel_idle_timeout, d, 10ms, 24h, "C40",
                    "a tunnel in which no byte moved either way for this long is closed"),
+      {{"max_connections", "integer", "from `RLIMIT_NOFILE` (see below)", "1 – 1000000", "C52",
+        "client connections open at once; at the limit the gateway stops accepting (new "
+        "connections wait in the listen backlog) until one closes; read at start"},
+       [](Loader& l, const Field& f, Limits& s) {
+         s.max_connections = static_cast<std::size_t>(l.integer(f, 1, 1'000'000));
+       }},
+      integer_key("max_tunnels", &Limits::max_tunnels, d, 0, 1'000'000, "C52",
+                  "tunnels open at once; an upgrade past it → 503 `overloaded` with "
+                  "`Retry-After`, nothing forwarded; 0 = no upgrades"),
   };
   return table;
 }

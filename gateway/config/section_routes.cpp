@@ -30,6 +30,9 @@ const KeyTable<Route>& route_keys() {
       custom_key<Route>("cors", "mapping", "none: preflights and `Access-Control-*` pass through",
                         "see `routes[].cors`", "C57",
                         "the gateway answers preflights and sets the CORS fields"),
+      custom_key<Route>("max_in_flight", "integer", "none (no bound)", "1 – 1000000", "C53",
+                        "requests of the route in progress at once; past it → 503 `overloaded` "
+                        "with `Retry-After`, before any lock or record (outcome `shed`)"),
   };
   return table;
 }
@@ -113,6 +116,9 @@ void read_routes(Loader& loader, const Field& f) {
       }
     }
     if (auto v = m.get("cors")) read_cors(loader, *v, route);
+    if (auto v = m.get("max_in_flight")) {
+      route.max_in_flight = static_cast<std::size_t>(loader.integer(*v, 1, 1'000'000));
+    }
     loader.config().routes.push_back(std::move(route));
   }
 }

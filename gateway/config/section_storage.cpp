@@ -27,6 +27,11 @@ const KeyTable<Postgres>& postgres_keys() {
                   "`false`: unnamed statements only and no session state, for PgBouncer with "
                   "`pool_mode = transaction`; no per-session `statement_timeout` then (set one on "
                   "the role, or PgBouncer's `query_timeout`)"),
+      integer_key(
+          "max_pending", &Postgres::max_pending, d, 1, 1'000'000, "C54",
+          "records waiting for their commit at once (each keyed request that may execute "
+          "holds a place from before its lock to its commit); while full, new keyed "
+          "requests get 503 `overloaded` with `Retry-After` before any lock; read at start"),
   };
   return table;
 }

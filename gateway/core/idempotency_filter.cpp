@@ -132,12 +132,15 @@ const char* outcome_label(Outcome outcome) {
       return "upstream_error";
     case Outcome::not_stored:
       return "not_stored";
+    case Outcome::shed:
+      return "shed";
   }
   return "executed";
 }
 
-IdempotencyFilter::IdempotencyFilter(RecordStore& store, LockService& lock, FilterEvents events)
-    : store_(store), lock_(lock), events_(std::move(events)) {}
+IdempotencyFilter::IdempotencyFilter(RecordStore& store, LockService& lock, FilterEvents events,
+                                     std::shared_ptr<CommitBudget> budget)
+    : store_(store), lock_(lock), events_(std::move(events)), budget_(std::move(budget)) {}
 
 std::size_t IdempotencyFilter::waiters(const Sha256& id) const {
   const auto it = waiters_->find(id);
@@ -243,6 +246,20 @@ asio::awaitable<FilterResult> IdempotencyFilter::run(RoutePolicy policy, KeyedRe
   std::optional<WaiterSlot> waiting;  // held from the first wait until this request ends
   int stale_markers = 0;
   for (;;) {
+    // C54: a place in the commit queue before the lock, kept through the commit when this
+    // attempt executes, given back at the end of the iteration when it does not.
+    CommitBudget::Place place;
+    if (budget_) {
+      place = budget_->try_take();
+      if (!place) {
+        FilterResult result;
+        result.outcome = Outcome::shed;
+        result.detail = "the gateway has " + std::to_string(budget_->max_pending()) +
+                        " records waiting for their commit (storage.postgres.max_pending); the "
+                        "request was not forwarded, retry later";
+        co_return result;
+      }
+    }
     // One round trip: the lock is ours, or we learn what holds the key.
     auto acquired = co_await lock_.acquire(request.id, token, policy.lock_ttl);
     if (!acquired) {
@@ -295,6 +312,7 @@ asio::awaitable<FilterResult> IdempotencyFilter::run(RoutePolicy policy, KeyedRe
       if (events_.lock_contention) events_.lock_contention();  // still executing elsewhere
     }
 
+    place.release();  // not executing: a waiter holds no place while it waits
     if (!policy.wait_for_in_flight || std::chrono::steady_clock::now() >= deadline) {
       FilterResult result;
       result.outcome = Outcome::in_flight;

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "gateway/core/commit_budget.hpp"
 #include "gateway/core/lock_service.hpp"
 #include "gateway/core/record_store.hpp"
 #include "gateway/core/status_set.hpp"
@@ -65,6 +66,8 @@ enum class Outcome {
   unprotected,        ///< a store failed; fail_open → forwarded without dedup (C25)
   upstream_error,     ///< the upstream gave no response (C21 not reached, C22 unknown)
   not_stored,         ///< the upstream answered with a status outside store_statuses (C21)
+  /// the commit queue was full (CommitBudget, C54): nothing forwarded, no lock, no record
+  shed,
 };
 
 /// The SPEC C31 `outcome` label (unprotected counts as store_unavailable).
@@ -127,11 +130,18 @@ struct FilterEvents {
 ///   on_store_error (C25).
 /// The upstream call, the commit and the marker are never cancelled by the caller's stop of
 /// waiting: the filter is meant to be co_spawned detached from the client (C34).
+///
+/// With a CommitBudget (C54), each attempt at the lock first takes a place in the commit queue,
+/// kept until the request's record is committed (C26 retries included) or it ends without one;
+/// with none left, the request ends with Outcome::shed before any store is asked. A place
+/// taken for an attempt that finds the key held is given back before the request waits.
 class IdempotencyFilter {
  public:
   using Forward = std::function<boost::asio::awaitable<UpstreamReply>()>;
 
-  IdempotencyFilter(RecordStore& store, LockService& lock, FilterEvents events = {});
+  /// `budget` may be null (no bound); it may be shared with the filters of other threads.
+  IdempotencyFilter(RecordStore& store, LockService& lock, FilterEvents events = {},
+                    std::shared_ptr<CommitBudget> budget = nullptr);
 
   boost::asio::awaitable<FilterResult> run(RoutePolicy policy, KeyedRequest request,
                                            Forward forward);
@@ -174,6 +184,7 @@ class IdempotencyFilter {
   RecordStore& store_;
   LockService& lock_;
   FilterEvents events_;
+  std::shared_ptr<CommitBudget> budget_;
   std::shared_ptr<WaiterCounts> waiters_ = std::make_shared<WaiterCounts>();
   std::size_t settling_ = 0;
   std::function<void()> on_settled_;

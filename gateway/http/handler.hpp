@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "gateway/config/config.hpp"
+#include "gateway/http/admission.hpp"
 
 namespace idemgate::http {
 
@@ -40,6 +41,9 @@ struct Exchange {
   std::shared_ptr<const config::Config> config;  ///< the snapshot this request runs on
   const config::Route* route = nullptr;          ///< points into *config
   const config::Upstream* upstream = nullptr;    ///< points into *config
+  /// The request's place in its route's max_in_flight (SPEC C53): held for as long as the
+  /// exchange lives, the upstream call and record commit included.
+  Admission::Ticket in_flight;
 };
 
 /// What the session writes back and logs (SPEC C32).

@@ -40,6 +40,8 @@ ProblemInfo describe(Problem problem) {
     case Problem::store_unavailable:
       return {"https://idemgate.dev/problems/store-unavailable", "Idempotency store unavailable",
               503};
+    case Problem::overloaded:
+      return {"https://idemgate.dev/problems/overloaded", "The gateway is shedding load", 503};
   }
   return {"https://idemgate.dev/problems/internal-error", "Internal gateway error", 500};
 }

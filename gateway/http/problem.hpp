@@ -26,6 +26,9 @@ enum class Problem {
   key_mismatch,       ///< 422 `key-mismatch` by default; status per on_mismatch (C17)
   request_in_flight,  ///< 409 `request-in-flight`: same key still executing (C18)
   store_unavailable,  ///< 503 `store-unavailable`: fail_closed store error (C25)
+  /// 503 `overloaded`: a limit of SPEC §7 was reached (the route's max_in_flight, max_tunnels,
+  /// the Postgres commit queue); nothing was forwarded, no lock or record taken (C52–C54)
+  overloaded,
 };
 
 /// The fixed parts of a problem: its `type` URI, `title` and default status.

@@ -26,11 +26,15 @@ struct Server::Worker {
       : index(i),
         acceptor(io_context),
         drain_timer(io_context),
+        accept_wake(io_context),
         context(std::make_shared<SessionContext>()) {}
   unsigned index;
   asio::io_context io_context{1};
   tcp::acceptor acceptor;
   asio::steady_timer drain_timer;
+  /// A paused acceptor waits on it; cancelled when a connection closes (ConnectionGate) or the
+  /// server stops.
+  asio::steady_timer accept_wake;
   std::shared_ptr<SessionContext> context;
   /// This thread's copy of the configuration: its reference count is touched by this thread only.
   /// Replaced on the thread (posted by update_config).
@@ -60,26 +64,11 @@ void open_acceptor(tcp::acceptor& acceptor, const tcp::endpoint& endpoint) {
   acceptor.set_option(reuse_port(true));
   acceptor.bind(endpoint);
   acceptor.listen(asio::socket_base::max_listen_connections);
+  acceptor.non_blocking(true);  // accept_loop accepts only when a connection waits
 }
 
-asio::awaitable<void> accept_loop(tcp::acceptor* acceptor,
-                                  std::shared_ptr<SessionContext> context) {
-  asio::steady_timer backoff(acceptor->get_executor());
-  for (;;) {
-    auto [ec, socket] = co_await acceptor->async_accept(use_nothrow);
-    if (ec) {
-      if (ec == asio::error::operation_aborted || !acceptor->is_open()) co_return;
-      // E.g. out of file descriptors: give connections in progress a moment to end.
-      log_json(spdlog::level::warn, "accept failed", {{"error", ec.message()}});
-      backoff.expires_after(std::chrono::milliseconds(50));
-      co_await backoff.async_wait(use_nothrow);
-      continue;
-    }
-    boost::system::error_code ignored;
-    socket.set_option(tcp::no_delay(true), ignored);
-    start_session(std::move(socket), context);
-  }
-}
+constexpr auto kAcceptBackoffFirst = std::chrono::milliseconds(50);
+constexpr auto kAcceptBackoffMax = std::chrono::milliseconds(1000);
 
 std::unique_ptr<asio::ssl::context> make_tls_context(const config::Listen& listen) {
   auto tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
@@ -93,9 +82,61 @@ std::unique_ptr<asio::ssl::context> make_tls_context(const config::Listen& liste
 
 }  // namespace
 
+asio::awaitable<void> Server::accept_loop(Worker& worker) {
+  ConnectionGate& gate = *gate_;
+  const void* const id = &worker;
+  // Runs on the thread that freed a slot: only posts to this worker's thread.
+  const auto wake = [w = &worker] { asio::post(w->io_context, [w] { w->accept_wake.cancel(); }); };
+  auto backoff = kAcceptBackoffFirst;
+  while (worker.acceptor.is_open()) {
+    // A slot is taken only once a connection waits in this thread's backlog: every thread
+    // listens on a socket of its own (SO_REUSEPORT), and a slot held by an accept pending on an
+    // empty one would leave a connection waiting in another thread's backlog below the limit.
+    auto [ec] = co_await worker.acceptor.async_wait(tcp::acceptor::wait_read, use_nothrow);
+    tcp::socket socket(worker.io_context);
+    if (!ec) {
+      if (!gate.try_take()) {
+        // C52: at max_connections nothing is accepted; new connections wait in the backlog.
+        gate.note_pause("max_connections");
+        worker.accept_wake.expires_at(asio::steady_timer::time_point::max());
+        if (!gate.take_or_park(id, wake)) {
+          co_await worker.accept_wake.async_wait(use_nothrow);
+          gate.unpark(id);
+          continue;
+        }
+      }
+      worker.acceptor.accept(socket, ec);  // non-blocking: the listener is
+      if (ec) gate.give_back();
+    }
+    if (ec) {
+      if (ec == asio::error::operation_aborted || !worker.acceptor.is_open()) break;
+      // Gone before it was accepted (reset in the backlog): that connection only.
+      if (ec == asio::error::would_block || ec == asio::error::try_again ||
+          ec == asio::error::connection_aborted)
+        continue;
+      // Out of descriptors (EMFILE, ENFILE) or memory: retrying now would fail again and spin.
+      // Wait for a connection to close, or for the backoff when what frees them is elsewhere.
+      gate.note_pause(ec.message());
+      worker.accept_wake.expires_after(backoff);
+      gate.park(id, wake);
+      co_await worker.accept_wake.async_wait(use_nothrow);
+      gate.unpark(id);
+      backoff = std::min(backoff * 2, kAcceptBackoffMax);
+      continue;
+    }
+    backoff = kAcceptBackoffFirst;
+    boost::system::error_code ignored;
+    socket.set_option(tcp::no_delay(true), ignored);
+    start_session(std::move(socket), worker.context);  // the session owns the slot now
+  }
+  gate.unpark(id);
+}
+
 Server::Server(std::shared_ptr<const config::Config> config, HandlerFactory make_handler,
                SessionObservers observers)
-    : config_(std::move(config)), make_handler_(std::move(make_handler)) {
+    : config_(std::move(config)),
+      make_handler_(std::move(make_handler)),
+      gate_(std::make_unique<ConnectionGate>(config_->limits.max_connections)) {
   if (!config_->listen.tls_cert.empty() || !config_->listen.tls_key.empty()) {
     tls_ = make_tls_context(config_->listen);
   }
@@ -109,6 +150,8 @@ Server::Server(std::shared_ptr<const config::Config> config, HandlerFactory make
     worker->context->config = [w = worker.get()] { return w->config; };
     worker->context->tls = tls_.get();
     worker->context->observers = observers;
+    worker->context->gate = gate_.get();
+    worker->context->admission = &admission_;
     workers_.push_back(std::move(worker));
   }
   port_ = endpoint.port();
@@ -117,8 +160,10 @@ Server::Server(std::shared_ptr<const config::Config> config, HandlerFactory make
 Server::~Server() {
   stop(false);
   for (auto& worker : workers_) {
-    // Sessions destroyed with the io_context must not call back into a Worker being destroyed.
+    // Sessions destroyed with the io_context must not call back into a Worker being destroyed,
+    // nor wake an acceptor whose io_context is gone.
     worker->context->on_session_end = nullptr;
+    gate_->unpark(worker.get());
   }
 }
 
@@ -185,15 +230,14 @@ void Server::run_worker(Worker& worker) {
   worker.context->on_session_end = [this, &worker] {
     if (worker.context->draining && worker.context->sessions.empty()) finish_worker(worker);
   };
-  asio::co_spawn(
-      worker.io_context, accept_loop(&worker.acceptor, worker.context), [](std::exception_ptr e) {
-        if (!e) return;
-        try {
-          std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-          log_json(spdlog::level::critical, "accept loop failed", {{"error", ex.what()}});
-        }
-      });
+  asio::co_spawn(worker.io_context, accept_loop(worker), [](std::exception_ptr e) {
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      log_json(spdlog::level::critical, "accept loop failed", {{"error", ex.what()}});
+    }
+  });
   worker.io_context.run();
   // Handlers are thread-affine (store connections): destroy it on its own thread, while the
   // io_context its sockets belong to still exists.
@@ -215,6 +259,7 @@ void Server::stop(bool drain) {
 void Server::begin_stop(Worker& worker, bool drain) {
   boost::system::error_code ignored;
   worker.acceptor.close(ignored);
+  worker.accept_wake.cancel();  // a paused acceptor ends too
   auto& context = *worker.context;
   context.draining = true;
   // A copy: closing a session may end it and remove it from the set.

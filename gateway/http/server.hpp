@@ -4,6 +4,7 @@
 // threads on the request path (STYLE "Threads").
 
 #include <atomic>
+#include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ssl/context.hpp>
 #include <condition_variable>
@@ -14,6 +15,8 @@
 #include <vector>
 
 #include "gateway/config/config.hpp"
+#include "gateway/http/admission.hpp"
+#include "gateway/http/connection_gate.hpp"
 #include "gateway/http/handler.hpp"
 #include "gateway/http/session.hpp"
 
@@ -30,6 +33,14 @@ class Server {
   /// With `listen.tls_cert`/`tls_key` set, connections are TLS (TLS 1.2 or later; the PEM
   /// certificate chain and key are read here, once: a reload does not re-read them).
   /// `observers` see every connection and answered request (metrics).
+  ///
+  /// Overload (SPEC C52): the threads' acceptors share `limits.max_connections` slots (0: no
+  /// bound; the app derives the default from RLIMIT_NOFILE before); at the limit each stops
+  /// accepting, so new connections wait in the listen backlog, until a connection closes. An
+  /// accept that fails for lack of descriptors (EMFILE, ENFILE) or another resource pauses the
+  /// acceptor until a connection closes or a backoff (50 ms doubling to 1 s) runs out; it never
+  /// retries at once. Pauses are logged at most once a second with a count. The limit is read
+  /// here, once: a reload does not change it.
   /// Throws boost::system::system_error when binding fails or the TLS files cannot be used.
   Server(std::shared_ptr<const config::Config> config, HandlerFactory make_handler,
          SessionObservers observers = {});
@@ -61,8 +72,14 @@ class Server {
   /// request path (sessions read their thread's copy through SessionContext::config).
   std::shared_ptr<const config::Config> config() const;
 
+  /// The client connection slots and accept pauses (SPEC C52). Thread-safe.
+  const ConnectionGate& gate() const { return *gate_; }
+  /// Requests in progress per route and tunnels open (SPEC C52, C53). Thread-safe.
+  const Admission& admission() const { return admission_; }
+
  private:
   struct Worker;
+  boost::asio::awaitable<void> accept_loop(Worker& worker);
   void run_worker(Worker& worker);
   void begin_stop(Worker& worker, bool drain);
   void finish_worker(Worker& worker);
@@ -71,6 +88,9 @@ class Server {
   std::shared_ptr<const config::Config> config_;  // std::atomic_load/store only
   HandlerFactory make_handler_;
   std::unique_ptr<boost::asio::ssl::context> tls_;
+  // Before workers_: sessions destroyed with a worker give their slot and tickets back.
+  std::unique_ptr<ConnectionGate> gate_;
+  Admission admission_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::uint16_t port_ = 0;
 

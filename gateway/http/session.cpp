@@ -5,6 +5,7 @@
 #include <boost/asio/ssl/stream_base.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/read_size.hpp>
 #include <boost/beast/core/stream_traits.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
@@ -44,6 +45,15 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr std::size_t kReadChunk = 4096;
+
+/// Where the next read of a request goes: kReadChunk into an empty buffer, else the room the
+/// buffer already has (beast::read_size: at least 512 bytes, growing it when less is left).
+/// Preparing kReadChunk behind bytes already read would reallocate and copy the buffer at every
+/// read of a header arriving a few bytes at a time: a slowloris client's every byte (C54).
+beast::flat_buffer::mutable_buffers_type read_room(beast::flat_buffer& buffer) {
+  return buffer.prepare(buffer.capacity() == 0 ? kReadChunk : beast::read_size(buffer, kReadChunk));
+}
+
 /// After a response that ends the connection, how long to read and discard what the client still
 /// sends: closing with unread input makes the kernel send a reset that can destroy the response.
 constexpr auto kLingerTime = std::chrono::seconds(2);
@@ -95,6 +105,18 @@ bool has_obs_fold(std::string_view data) {
     }
   }
   return false;
+}
+
+/// The 503 of a request shed by a limit of SPEC §7 (C52, C53): `detail` names the limit.
+Response shed_response(std::string detail, unsigned version, bool keep_alive) {
+  Response res = make_problem(Problem::overloaded, std::move(detail), version, keep_alive);
+  res.set(bhttp::field::retry_after, "1");
+  return res;
+}
+
+std::string route_full_detail(const config::Route& route) {
+  return "route " + route.name + " has " + std::to_string(route.max_in_flight) +
+         " requests in progress (max_in_flight); nothing was forwarded, retry later";
 }
 
 double to_ms(std::chrono::microseconds us) {
@@ -179,6 +201,7 @@ template <class Stream>
 BasicSession<Stream>::~BasicSession() {
   context_->sessions.erase(this);
   if (context_->observers.connection_closed) context_->observers.connection_closed();
+  if (context_->gate) context_->gate->give_back();
   if (context_->on_session_end) context_->on_session_end();
 }
 
@@ -220,7 +243,7 @@ asio::awaitable<void> BasicSession<Stream>::run() {
       // idle_timeout between requests.
       const auto limits = context_->config()->limits;
       lowest().expires_after(first ? limits.header_read_timeout : limits.idle_timeout);
-      auto [ec, n] = co_await stream_.async_read_some(buffer.prepare(kReadChunk), use_nothrow);
+      auto [ec, n] = co_await stream_.async_read_some(read_room(buffer), use_nothrow);
       if (ec) break;
       buffer.commit(n);
     }
@@ -302,7 +325,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
     boost::system::error_code pec;
     probe.put(buffer.data(), pec);
     if (pec != bhttp::error::need_more) break;
-    auto [rec, rn] = co_await stream_.async_read_some(buffer.prepare(kReadChunk), use_nothrow);
+    auto [rec, rn] = co_await stream_.async_read_some(read_room(buffer), use_nothrow);
     if (rec) co_return false;  // EOF, reset or timeout before a whole header: end silently
     buffer.commit(rn);
   }
@@ -375,16 +398,27 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
 
   // Routed by the header alone; what the handler does not need whole is streamed (C38, C40).
   bool routed = false;
+  // The request's place in its route's max_in_flight, held until it is answered (C53).
+  Admission::Ticket in_flight;
+  bool shed = false;
+  bool shed_unread_body = false;  // a streamed request shed before its body was read
   if (!reject) {
     const auto& hdr = parser.get();
     const std::string_view t(hdr.target().data(), hdr.target().size());
     route = match(*config, hdr[bhttp::field::host], target_path(t), hdr.method_string());
     routed = true;
+    if (route && context_->admission) {
+      in_flight = context_->admission->enter(*route);
+      shed = !in_flight;
+    }
     UpstreamPool* const pool = context_->handler->streaming_pool();
     const auto upstream = route ? config->upstreams.find(route->upstream) : config->upstreams.end();
     if (pool && upstream != config->upstreams.end() && !context_->handler->holds(*route, hdr)) {
       const auto length = parser.content_length();
-      if (limits.max_streamed_body > 0 && length && *length > limits.max_streamed_body) {
+      if (shed) {
+        // Not read: the body may be of any length. The connection closes after the answer.
+        shed_unread_body = !parser.is_done();
+      } else if (limits.max_streamed_body > 0 && length && *length > limits.max_streamed_body) {
         reject = Problem::payload_too_large;
         reject_detail = "the request body (" + std::to_string(*length) +
                         " bytes) exceeds max_streamed_body (" +
@@ -396,7 +430,11 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
     }
   }
 
-  if (!reject && !parser.is_done()) {
+  if (shed && !parser.is_done() &&
+      beast::iequals(parser.get()[bhttp::field::expect], "100-continue")) {
+    shed_unread_body = true;  // the client waits to be asked for the body: it is not
+  }
+  if (!reject && !shed_unread_body && !parser.is_done()) {
     // A held body (C04): a declared length over the limit is refused before any body byte.
     parser.body_limit(static_cast<std::uint64_t>(limits.max_request_body));
     if (const auto length = parser.content_length(); length && *length > limits.max_request_body) {
@@ -404,7 +442,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
       reject_detail = problem_detail(Problem::payload_too_large, limits, {});
     }
   }
-  if (!reject && !parser.is_done()) {
+  if (!reject && !shed_unread_body && !parser.is_done()) {
     const auto expect = parser.get()[bhttp::field::expect];
     if (version >= 11 && beast::iequals(expect, "100-continue")) {
       bhttp::response<bhttp::empty_body> interim{bhttp::status::continue_, 11};
@@ -439,7 +477,15 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
     keep_alive = request.keep_alive() && !close_after_response_ && !context_->draining;
     if (!routed) route = match(*config, request[bhttp::field::host], target_path(target), method);
     const auto upstream = route ? config->upstreams.find(route->upstream) : config->upstreams.end();
-    if (!route) {
+    if (shed_unread_body) {
+      // The rest of the body is still on its way: discarded by the lingering close.
+      keep_alive = false;
+      reject_pending_input_ = true;
+    }
+    if (shed) {
+      result.response = shed_response(route_full_detail(*route), version, keep_alive);
+      result.outcome = "shed";
+    } else if (!route) {
       result.response =
           make_problem(Problem::route_not_found,
                        "no route matches " + method + " " + std::string(target_path(target)),
@@ -459,7 +505,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
       if (framed || !request.body().empty()) {
         request.content_length(request.body().size());
       }
-      Exchange exchange{std::move(request), config, route, &upstream->second};
+      Exchange exchange{std::move(request), config, route, &upstream->second, std::move(in_flight)};
       std::string failure;
       try {
         result = co_await context_->handler->handle(std::move(exchange));
@@ -575,7 +621,21 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
   request.request_id_header = config.request_id.header;
   request.request_id = request_id_;
   state_ = State::busy;
-  RelayOutcome outcome = co_await relay(std::move(request));
+  // A tunnel's place among max_tunnels, from the upgrade request to the tunnel's end (C52).
+  Admission::Ticket tunnel;
+  if (websocket && context_->admission)
+    tunnel = context_->admission->open_tunnel(limits.max_tunnels);
+  RelayOutcome outcome;
+  if (websocket && context_->admission && !tunnel) {
+    outcome.keep_alive = client_keep_alive && streamed.is_done();
+    outcome.outcome = "shed";
+    outcome.problem = shed_response(std::to_string(limits.max_tunnels) +
+                                        " tunnels are open (max_tunnels); the upgrade was not "
+                                        "forwarded, retry later",
+                                    version, outcome.keep_alive);
+  } else {
+    outcome = co_await relay(std::move(request));
+  }
 
   bool written = outcome.written;
   unsigned status = outcome.status;

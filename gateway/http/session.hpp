@@ -12,6 +12,8 @@
 #include <unordered_set>
 
 #include "gateway/config/config.hpp"
+#include "gateway/http/admission.hpp"
+#include "gateway/http/connection_gate.hpp"
 #include "gateway/http/handler.hpp"
 
 namespace idemgate::http {
@@ -49,6 +51,12 @@ struct SessionContext {
   /// threads (OpenSSL contexts are thread-safe once set up); owned by the Server.
   boost::asio::ssl::context* tls = nullptr;
   SessionObservers observers;
+  /// When set, every session holds one of its slots, taken by the acceptor before the accept,
+  /// and gives it back when it ends (SPEC C52). Shared by the threads; owned by the Server.
+  ConnectionGate* gate = nullptr;
+  /// Load shedding (SPEC C52 max_tunnels, C53 max_in_flight); null: nothing is shed. Shared by
+  /// the threads; owned by the Server.
+  Admission* admission = nullptr;
 };
 
 /// Serves one client connection until the client closes it, a limit or timeout ends it, or the
@@ -67,6 +75,12 @@ struct SessionContext {
 /// 1xx/204/304, and for HEAD the handler's Content-Length without a body (C03, C16). Requests on
 /// one connection are answered in order (C06). An exception from the handler is logged and
 /// answered with 500, then the connection closes. One JSON access line per request (C32).
+///
+/// Load shedding (SPEC C52, C53): once routed, a request whose route has `max_in_flight`
+/// requests in progress is answered 503 `overloaded` with `Retry-After` (outcome `shed`) before
+/// the handler sees it (no lock, no record); a held request's body is read first so that the
+/// connection stays usable, a streamed one's is not (the connection closes). A WebSocket
+/// upgrade while `max_tunnels` tunnels are open gets the same 503, nothing forwarded.
 ///
 /// Over TLS the same, after the handshake; a connection that fails the handshake is closed.
 ///

@@ -542,6 +542,7 @@ std::string GatewayConfig::render() const {
     << ", operation_timeout: " << postgres_operation_timeout;
   if (prepared_statements)
     y << ", prepared_statements: " << (*prepared_statements ? "true" : "false");
+  if (!postgres_extra.empty()) y << ", " << postgres_extra;
   y << " }\n"
     << "  redis: { ";
   if (redis.empty()) {
@@ -558,6 +559,8 @@ std::string GatewayConfig::render() const {
       << "    servers: " << yaml_list(u.servers, true) << "\n"
       << "    connect_timeout: " << u.connect_timeout << "\n"
       << "    request_timeout: " << u.request_timeout << "\n";
+    if (u.max_idle_connections)
+      y << "    max_idle_connections: " << *u.max_idle_connections << "\n";
   }
   y << "routes:\n";
   if (!routes_yaml.empty()) {
@@ -577,11 +580,12 @@ std::string GatewayConfig::render() const {
     if (!r.key_scope_headers.empty())
       y << "      key_scope: { headers: " << yaml_list(r.key_scope_headers) << " }\n";
     for (const auto& line : r.extra) y << "      " << line << "\n";
+    for (const auto& line : r.route_extra) y << "    " << line << "\n";
   }
   return y.str();
 }
 
-Gateway::Gateway(const GatewayConfig& config, int instances)
+Gateway::Gateway(const GatewayConfig& config, int instances, const GatewayProcess& process)
     : config_path_((dir_.path() / "gateway.yaml").string()) {
   {
     std::ofstream out(config_path_);
@@ -594,6 +598,8 @@ Gateway::Gateway(const GatewayConfig& config, int instances)
     ChildOptions o;
     o.executable = binary;
     o.args = {"--config", config_path_};
+    o.env = process.env;
+    o.open_files_limit = process.open_files_limit;
     o.stderr_path = (dir_.path() / ("idemgate-" + std::to_string(i) + ".log")).string();
     o.stdout_path = (dir_.path() / ("idemgate-" + std::to_string(i) + ".out")).string();
     stderr_paths_.push_back(o.stderr_path);

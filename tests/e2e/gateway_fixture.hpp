@@ -233,6 +233,8 @@ struct UpstreamConfig {
   std::vector<std::string> servers;  ///< "127.0.0.1:PORT"
   std::string connect_timeout = "1s";
   std::string request_timeout = "20s";
+  /// `max_idle_connections`; nullopt: not written, the default.
+  std::optional<int> max_idle_connections{};
 };
 
 /// One entry of `routes:`, built from the parameters tests vary.
@@ -246,6 +248,8 @@ struct RouteConfig {
   std::vector<std::string> key_scope_headers;
   /// Further `key: value` lines of the `idempotency` mapping, written as given.
   std::vector<std::string> extra;
+  /// Further `key: value` lines of the route itself (e.g. `max_in_flight: 8`), written as given.
+  std::vector<std::string> route_extra{};
 };
 
 /// A gateway configuration (SPEC §2). Listen and admin ports are 0 (the OS chooses; the
@@ -267,6 +271,8 @@ struct GatewayConfig {
   int postgres_pool_size = 4;
   /// `storage.postgres.prepared_statements` (SPEC C44); nullopt: not written, the default.
   std::optional<bool> prepared_statements;
+  /// Further entries of the `storage.postgres` flow mapping (e.g. `max_pending: 8`); empty: none.
+  std::string postgres_extra;
   std::string redis_operation_timeout = "500ms";
   /// Entries of the `storage.redis` flow mapping other than operation_timeout (e.g.
   /// `sentinels: ["127.0.0.1:26379"], master_name: m`); empty: address and port from
@@ -283,13 +289,22 @@ struct GatewayConfig {
   std::string render() const;
 };
 
+/// How each gateway process is started, besides its configuration.
+struct GatewayProcess {
+  /// RLIMIT_NOFILE of the process (soft and hard); nullopt: inherited (SPEC C52).
+  std::optional<unsigned long> open_files_limit;
+  /// Environment entries set on top of the test's own (e.g. sanitizer options).
+  std::vector<std::pair<std::string, std::string>> env;
+};
+
 /// One or more `idemgate --config F` processes sharing one configuration file and the stores,
 /// each with its stderr in its own file. Every instance listens when the constructor returns;
 /// the destructor stops them by PID and, when the current test has failed, logs the tail of
 /// each one's stderr.
 class Gateway {
  public:
-  explicit Gateway(const GatewayConfig& config, int instances = 1);
+  explicit Gateway(const GatewayConfig& config, int instances = 1,
+                   const GatewayProcess& process = {});
   ~Gateway();
   Gateway(const Gateway&) = delete;
   Gateway& operator=(const Gateway&) = delete;

@@ -40,6 +40,7 @@ namespace {
 using namespace std::chrono_literals;
 using namespace idemgate::test;
 using namespace idemgate::test::e2e;
+using Clock = std::chrono::steady_clock;
 
 LocalStores& stores() {
   return PrivateStores::stores();

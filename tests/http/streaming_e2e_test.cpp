@@ -25,12 +25,14 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <thread>
 
 #include "tests/ops/ops_support.hpp"
 #include "tests/support/pattern_body.hpp"
+#include "tests/support/process_memory.hpp"
 #include "tests/support/spec_bounds.hpp"
 
 namespace {
@@ -234,63 +236,7 @@ bool closed_by_peer(const boost::system::error_code& ec) {
          ec == bhttp::error::end_of_stream;
 }
 
-/// Samples VmRSS of a process every 20 ms on its own thread, keeping the maximum.
-class RssSampler {
- public:
-  explicit RssSampler(pid_t pid) : path_("/proc/" + std::to_string(pid) + "/status") {
-    thread_ = std::thread([this] {
-      while (!stop_) {
-        max_ = std::max(max_.load(), rss());
-        std::this_thread::sleep_for(20ms);
-      }
-    });
-  }
-  ~RssSampler() {
-    stop_ = true;
-    thread_.join();
-  }
-  /// VmRSS now, in bytes (0 when unreadable).
-  std::uint64_t rss() const {
-    std::ifstream in(path_);
-    std::string line;
-    while (std::getline(in, line))
-      if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * kKiB;
-    return 0;
-  }
-  std::uint64_t max() const { return max_; }
-
- private:
-  std::string path_;
-  std::atomic<bool> stop_{false};
-  std::atomic<std::uint64_t> max_{0};
-  std::thread thread_;
-};
-
-/// ASan holds freed memory in a quarantine (256 MiB by default) before reusing it, so under
-/// the sanitizer a gateway that frees every piece it allocates still grows its RSS by that much.
-/// The RSS cases start their gateway with a small quarantine, so that they measure what the
-/// gateway holds, as a build without the sanitizer would. No effect on other builds.
-class SmallAsanQuarantine {
- public:
-  SmallAsanQuarantine() {
-    if (const char* old = std::getenv("ASAN_OPTIONS")) saved_ = old;
-    const std::string options = (saved_ ? *saved_ + ":" : std::string()) + "quarantine_size_mb=4";
-    ::setenv("ASAN_OPTIONS", options.c_str(), 1);
-  }
-  ~SmallAsanQuarantine() {
-    if (saved_) {
-      ::setenv("ASAN_OPTIONS", saved_->c_str(), 1);
-    } else {
-      ::unsetenv("ASAN_OPTIONS");
-    }
-  }
-  SmallAsanQuarantine(const SmallAsanQuarantine&) = delete;
-  SmallAsanQuarantine& operator=(const SmallAsanQuarantine&) = delete;
-
- private:
-  std::optional<std::string> saved_;
-};
-
+/// The string member `key` of `o` ("" when absent or not a string).
 std::string str(const json::object& o, const char* key) {
   const auto* v = o.if_contains(key);
   return v && v->is_string() ? std::string(v->as_string()) : "";
@@ -760,6 +706,61 @@ BOOST_AUTO_TEST_CASE(spec_C40_an_idle_tunnel_is_closed_after_tunnel_idle_timeout
   BOOST_TEST((ec && ec != asio::error::timed_out), ec.message());
   BOOST_TEST(closed_after >= 0.9);
   BOOST_TEST(upstream.wait_for_counter_equal("ws_open", 0), "the upstream side stayed open");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C52_an_upgrade_past_max_tunnels_gets_503_and_is_not_forwarded) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(
+      upstream, "{ max_request_body: 1MiB, drain_timeout: 2s, max_tunnels: 2 }", true)};
+  auto first = std::make_unique<WsClient>(gateway.port(), "tunnel.test", "/ws");
+  WsClient second(gateway.port(), "tunnel.test", "/ws");
+  for (WsClient* ws : {first.get(), &second}) {
+    BOOST_TEST_REQUIRE(!ws->send("ping", false));
+    std::string echoed;
+    BOOST_TEST_REQUIRE(!ws->receive(echoed));
+  }
+
+  // The third upgrade: answered by the gateway, never forwarded.
+  HttpConnection connection(kLoopback, gateway.port(), 10s);
+  const HttpResponse refused =
+      connection.request({"GET",
+                          "/ws",
+                          {{"Host", "tunnel.test"},
+                           {"Connection", "Upgrade"},
+                           {"Upgrade", "websocket"},
+                           {"Sec-WebSocket-Version", "13"},
+                           {"Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}},
+                          ""});
+  BOOST_TEST(is_problem(refused, 503), gateway.explain(refused));
+  BOOST_TEST(problem_type(refused) == "https://idemgate.dev/problems/overloaded");
+  BOOST_TEST(refused.header("Retry-After").has_value(), describe(refused));
+  BOOST_TEST(upstream.counter("ws_sessions") == 2u);
+  // The refused connection still carries ordinary requests.
+  const HttpResponse next = connection.request({"GET", "/stats", {{"Host", "tunnel.test"}}, ""});
+  BOOST_TEST(next.status == 200u, describe(next));
+  const std::string metrics = gateway.admin_get("/metrics").body;
+  BOOST_TEST(ops::metric_value(metrics, "idemgate_requests_total",
+                               {{"route", "tunnel"}, {"outcome", "shed"}})
+                     .value_or(0) == 1.0,
+             metrics);
+
+  // Once a tunnel ends, an upgrade passes again.
+  BOOST_TEST(!first->close());
+  first.reset();
+  std::unique_ptr<WsClient> third;
+  BOOST_TEST(eventually([&] {
+    try {
+      third = std::make_unique<WsClient>(gateway.port(), "tunnel.test", "/ws");
+      return true;
+    } catch (const std::exception&) {
+      return false;  // the first tunnel's end has not reached the gateway yet
+    }
+  }));
+  BOOST_REQUIRE(third);
+  BOOST_TEST_REQUIRE(!third->send("again", false));
+  std::string echoed;
+  BOOST_TEST(!third->receive(echoed));
+  BOOST_TEST(echoed == "again");
 }
 
 BOOST_AUTO_TEST_CASE(spec_C40_h2c_is_never_tunnelled_and_upgrade_is_stripped) {

@@ -70,7 +70,7 @@ BOOST_AUTO_TEST_CASE(spec_C31_every_metric_is_exported_under_its_spec_name) {
   BOOST_TEST(metric_value(text, "idemgate_lock_contention_total") == 1.0);
   BOOST_TEST(metric_value(text, "idemgate_duplicate_executions_total") == 1.0);
   BOOST_TEST(metric_value(text, "idemgate_record_commit_failures_total") == 1.0);
-  BOOST_TEST(metric_value(text, "idemgate_open_connections") == 1.0);
+  BOOST_TEST(metric_value(text, "idemgate_client_connections") == 1.0);
   BOOST_TEST(metric_value(text, "idemgate_cleanup_deleted_total") == 7.0);
   BOOST_TEST(text.find("# TYPE idemgate_requests_total counter") != std::string::npos, text);
   BOOST_TEST(text.find("# TYPE idemgate_store_duration_seconds histogram") != std::string::npos);

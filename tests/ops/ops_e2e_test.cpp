@@ -115,7 +115,7 @@ BOOST_AUTO_TEST_CASE(spec_C31_metrics_count_the_outcomes_of_a_scripted_run) {
   client.join();
   BOOST_TEST(slow.status == 201u, e2e::describe(slow));
   BOOST_TEST(metric(during, "idemgate_in_flight_locks") == 1);
-  BOOST_TEST(metric(during, "idemgate_open_connections") >= 1);
+  BOOST_TEST(metric(during, "idemgate_client_connections") >= 1);
 
   const auto res = gateway.admin_get("/metrics");
   BOOST_TEST(res.status == 200u);

@@ -250,7 +250,7 @@ BOOST_AUTO_TEST_CASE(spec_C25_store_unavailable_alert_fires_while_postgres_is_do
   auto& prometheus = s.prometheus;
   const DiagnosticsOnFailure diagnostics{s};
   // Every rule of the file was shortened and loaded.
-  BOOST_TEST(s.rules.second == 7u);
+  BOOST_TEST(s.rules.second == 9u);
   BOOST_TEST(prometheus.rules().size() == s.rules.second);
 
   // Served keyed requests reach Prometheus; nothing fails on the stores yet.

@@ -6,8 +6,12 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "tests/e2e/gateway_fixture.hpp"
 #include "tests/support/polling.hpp"
@@ -52,6 +56,7 @@ LocalStores::LocalStores()
 }
 
 LocalStores::~LocalStores() {
+  thaw_pg();  // a stopped Postgres would not stop
   try {
     run({"stop", dir_});
   } catch (const std::exception&) {
@@ -75,35 +80,94 @@ void LocalStores::start_pg() {
   run({"start-pg", dir_});
 }
 
-pid_t LocalStores::redis_pid() const {
-  std::ifstream file(std::filesystem::path(dir_) / "redis.pid");
+pid_t LocalStores::pid_in(const char* file) const {
+  std::ifstream in(std::filesystem::path(dir_) / file);
   pid_t pid = 0;
-  if (!(file >> pid) || pid <= 0)
-    throw std::runtime_error("no Redis pid in " + dir_ + "/redis.pid");
+  if (!(in >> pid) || pid <= 0) throw std::runtime_error("no pid in " + dir_ + "/" + file);
   return pid;
 }
 
+pid_t LocalStores::redis_pid() const {
+  return pid_in("redis.pid");
+}
+
+namespace {
+
+/// The state letter of `pid` in /proc/PID/stat (it follows the command name in parentheses),
+/// and its parent; state '\0' when the process is gone.
+std::pair<char, pid_t> proc_state(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto paren = text.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= text.size()) return {'\0', 0};
+  std::istringstream rest(text.substr(paren + 2));
+  char state = '\0';
+  pid_t parent = 0;
+  rest >> state >> parent;
+  return {state, parent};
+}
+
+/// The processes whose parent is `pid` now.
+std::vector<pid_t> children_of(pid_t pid) {
+  std::vector<pid_t> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t child = static_cast<pid_t>(std::stol(name));
+    if (proc_state(child).second == pid) out.push_back(child);
+  }
+  return out;
+}
+
+void send(pid_t pid, int signo, const std::string& what) {
+  if (::kill(pid, signo) != 0) {
+    throw std::runtime_error(std::string(signo == SIGSTOP ? "SIGSTOP" : "SIGCONT") + " to " + what +
+                             " " + std::to_string(pid) + " failed");
+  }
+}
+
+/// Returns once every process of `pids` shows as stopped (T) or is gone.
+void wait_stopped(const std::vector<pid_t>& pids, const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + e2e::kEventDeadline;
+  for (const pid_t pid : pids) {
+    for (;;) {
+      const char state = proc_state(pid).first;
+      if (state == 'T' || state == '\0') break;
+      if (std::chrono::steady_clock::now() > deadline)
+        throw std::runtime_error(what + " " + std::to_string(pid) + " never showed as stopped");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+}
+
+}  // namespace
+
 void LocalStores::freeze_redis() {
   const pid_t pid = redis_pid();
-  if (::kill(pid, SIGSTOP) != 0)
-    throw std::runtime_error("SIGSTOP to Redis " + std::to_string(pid) + " failed");
-  // The state letter follows the command name in parentheses: T once the process is stopped.
-  const bool stopped = eventually(
-      [&] {
-        std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-        std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-        const auto paren = text.rfind(')');
-        return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'T';
-      },
-      std::chrono::milliseconds(1));
-  if (!stopped)
-    throw std::runtime_error("Redis " + std::to_string(pid) + " never showed as stopped");
+  send(pid, SIGSTOP, "Redis");
+  wait_stopped({pid}, "Redis");
 }
 
 void LocalStores::thaw_redis() {
-  const pid_t pid = redis_pid();
-  if (::kill(pid, SIGCONT) != 0)
-    throw std::runtime_error("SIGCONT to Redis " + std::to_string(pid) + " failed");
+  send(redis_pid(), SIGCONT, "Redis");
+}
+
+void LocalStores::freeze_pg() {
+  // The postmaster first: once it is stopped it forks no new backend to miss.
+  const pid_t postmaster = pid_in("pg.pid");
+  send(postmaster, SIGSTOP, "Postgres");
+  std::vector<pid_t> all{postmaster};
+  for (const pid_t child : children_of(postmaster)) {
+    if (::kill(child, SIGSTOP) == 0) all.push_back(child);  // one may have just exited
+  }
+  wait_stopped(all, "Postgres process");
+  frozen_pg_ = all;
+}
+
+void LocalStores::thaw_pg() {
+  // Backends first, the postmaster last, the reverse of freeze_pg.
+  for (auto it = frozen_pg_.rbegin(); it != frozen_pg_.rend(); ++it) ::kill(*it, SIGCONT);
+  frozen_pg_.clear();
 }
 
 std::string LocalStores::run(const std::vector<std::string>& args) const {

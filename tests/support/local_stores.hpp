@@ -46,6 +46,12 @@ class LocalStores {
   void freeze_redis();
   /// Resumes a frozen Redis (SIGCONT).
   void thaw_redis();
+  /// Freezes Postgres (SIGSTOP to the postmaster, then to every process it runs) and returns once
+  /// all of them are stopped: connections and statements hang, nothing answers, until
+  /// thaw_pg(). A frozen Postgres is thawed by the destructor.
+  void freeze_pg();
+  /// Resumes a frozen Postgres (SIGCONT), its backends before the postmaster.
+  void thaw_pg();
 
   const std::string& dir() const { return dir_; }
   const std::string& pg_dsn() const { return pg_dsn_; }
@@ -56,6 +62,8 @@ class LocalStores {
  private:
   /// Runs the script with `args`; returns its stdout.
   std::string run(const std::vector<std::string>& args) const;
+  /// The process id in DIR/`file` (redis.pid, pg.pid). Throws when there is none.
+  pid_t pid_in(const char* file) const;
   /// The process id in DIR/redis.pid (the script's Redis). Throws when there is none.
   pid_t redis_pid() const;
 
@@ -64,6 +72,7 @@ class LocalStores {
   std::string pg_dsn_;
   std::string payments_dsn_;
   std::string redis_address_;
+  std::vector<pid_t> frozen_pg_;  ///< stopped by freeze_pg, in the order they were stopped
 };
 
 /// One LocalStores for a whole test binary, as a Boost.Test global fixture

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -80,6 +81,8 @@ ChildProcess::ChildProcess(const ChildOptions& options) {
   int report[2];
   if (::pipe2(report, O_CLOEXEC) != 0) throw_errno(errno, "pipe2");
   const pid_t parent = ::getpid();
+  std::optional<rlim_t> open_files;
+  if (options.open_files_limit) open_files = static_cast<rlim_t>(*options.open_files_limit);
 
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -88,6 +91,14 @@ ChildProcess::ChildProcess(const ChildOptions& options) {
     if (err_fd >= 0) ::dup2(err_fd, STDERR_FILENO);
     if (out_fd >= 0) ::dup2(out_fd, STDOUT_FILENO);
     ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);
+    if (open_files) {
+      const rlimit limit{*open_files, *open_files};
+      if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+        const int error = errno;
+        [[maybe_unused]] auto n = ::write(report[1], &error, sizeof error);
+        ::_exit(127);
+      }
+    }
     // Start with default signal handling and nothing blocked, whatever the test runner set.
     sigset_t none;
     sigemptyset(&none);
@@ -116,7 +127,7 @@ ChildProcess::ChildProcess(const ChildOptions& options) {
   ::close(report[0]);
   if (n == static_cast<ssize_t>(sizeof exec_error)) {
     reap(true);
-    throw_errno(exec_error, "cannot execute " + options.executable);
+    throw_errno(exec_error, "cannot start " + options.executable);
   }
 }
 

@@ -21,6 +21,9 @@ struct ChildOptions {
   std::vector<std::pair<std::string, std::string>> env;
   std::string stderr_path;  ///< file that receives the child's stderr (truncated); "" inherits
   std::string stdout_path;  ///< file that receives the child's stdout (truncated); "" inherits
+  /// When set, the child's RLIMIT_NOFILE, soft and hard (set in the child before exec), e.g. to
+  /// run a gateway out of descriptors (SPEC C52).
+  std::optional<unsigned long> open_files_limit;
 };
 
 /// A running child process, owned by this object: the destructor stops it (stop()).

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "gateway/config/config_loader.hpp"
+#include "tests/support/config_text.hpp"
 
 // The keys of SPEC §4c (C55-C58): their defaults, and every bad value refused with
 // `FILE:LINE: key.path: problem`.
@@ -13,31 +14,13 @@ namespace cfg = idemgate::config;
 namespace {
 
 // Lines 1-11; a test appends keys under `idempotency:` (line 12 onwards).
-const std::string kBase =
-    "listen: { address: 127.0.0.1, port: 0 }\n"                         // 1
-    "storage:\n"                                                        // 2
-    "  postgres: { dsn: \"postgresql://idem@127.0.0.1:5432/idem\" }\n"  // 3
-    "upstreams:\n"                                                      // 4
-    "  app: { servers: [\"127.0.0.1:9001\"] }\n"                        // 5
-    "routes:\n"                                                         // 6
-    "  - name: r\n"                                                     // 7
-    "    match: { path_prefix: / }\n"                                   // 8
-    "    upstream: app\n"                                               // 9
-    "    idempotency:\n"                                                // 10
-    "      mode: required\n";                                           // 11
+const std::string kBase = idemgate::test::kMinimalConfig +
+                          "    idempotency:\n"       // 10
+                          "      mode: required\n";  // 11
 
-std::shared_ptr<const cfg::Config> load(const std::string& text) {
-  return cfg::load_config_from_string(text, "t.yaml");
-}
-
-std::string error_of(const std::string& text) {
-  try {
-    load(text);
-  } catch (const cfg::ConfigError& e) {
-    return e.what();
-  }
-  return "loaded";
-}
+// The shared loader helpers (tests/support/config_text.hpp) under the names used here.
+constexpr auto& load = idemgate::test::load_config_text;
+constexpr auto& error_of = idemgate::test::config_error_of;
 
 const cfg::Idempotency& idem(const std::shared_ptr<const cfg::Config>& c) {
   return c->routes.at(0).idempotency;

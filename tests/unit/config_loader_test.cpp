@@ -2,6 +2,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "gateway/config/config_loader.hpp"
+#include "tests/support/config_text.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -28,18 +29,9 @@ std::filesystem::path data_dir() {
 }
 
 // Lines 1-11; a test appends keys under `idempotency:` (line 12 onwards) or replaces parts.
-const std::string kBase =
-    "listen: { address: 127.0.0.1, port: 0 }\n"                         // 1
-    "storage:\n"                                                        // 2
-    "  postgres: { dsn: \"postgresql://idem@127.0.0.1:5432/idem\" }\n"  // 3
-    "upstreams:\n"                                                      // 4
-    "  app: { servers: [\"127.0.0.1:9001\"] }\n"                        // 5
-    "routes:\n"                                                         // 6
-    "  - name: r\n"                                                     // 7
-    "    match: { path_prefix: / }\n"                                   // 8
-    "    upstream: app\n"                                               // 9
-    "    idempotency:\n"                                                // 10
-    "      mode: required\n";                                           // 11
+const std::string kBase = idemgate::test::kMinimalConfig +
+                          "    idempotency:\n"       // 10
+                          "      mode: required\n";  // 11
 
 std::string with_idempotency(const std::string& lines) {
   return kBase + lines;
@@ -51,19 +43,9 @@ std::string replace(std::string text, const std::string& from, const std::string
   return text.replace(at, from.size(), to);
 }
 
-std::shared_ptr<const cfg::Config> load(const std::string& text) {
-  return cfg::load_config_from_string(text, "t.yaml");
-}
-
-// The exact `FILE:LINE: key: problem` text, or "loaded" when the text is accepted.
-std::string error_of(const std::string& text) {
-  try {
-    load(text);
-  } catch (const cfg::ConfigError& e) {
-    return e.what();
-  }
-  return "loaded";
-}
+// The shared loader helpers (tests/support/config_text.hpp) under the names used here.
+constexpr auto& load = idemgate::test::load_config_text;
+constexpr auto& error_of = idemgate::test::config_error_of;
 
 cfg::Idempotency idem_of(const std::string& text) {
   return load(text)->routes.at(0).idempotency;
@@ -322,7 +304,7 @@ BOOST_AUTO_TEST_CASE(required_keys_are_named_when_missing) {
       "t.yaml:1: listen.port: required key is missing");
   BOOST_TEST(error_of(replace(kBase, "dsn:", "dns:")) ==
              "t.yaml:3: storage.postgres.dns: unknown key (expected one of: dsn, pool_size, "
-             "operation_timeout, prepared_statements)");
+             "operation_timeout, prepared_statements, max_pending)");
   BOOST_TEST(error_of(replace(kBase, "{ dsn: \"postgresql://idem@127.0.0.1:5432/idem\" }",
                               "{ pool_size: 4 }")) ==
              "t.yaml:3: storage.postgres.dsn: required key is missing");

@@ -5,6 +5,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/test/unit_test.hpp>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -90,17 +91,28 @@ struct Fixture {
     };
   }
 
+  /// Starts `f` on `req` without running `io`; the result lands in `out` once `io` runs.
+  void spawn(IdempotencyFilter& f, KeyedRequest req, IdempotencyFilter::Forward forward,
+             std::optional<FilterResult>& out) {
+    asio::co_spawn(io, f.run(policy, std::move(req), std::move(forward)),
+                   [&out](std::exception_ptr e, FilterResult r) {
+                     if (e) std::rethrow_exception(e);
+                     out = std::move(r);
+                   });
+  }
+
   /// Runs the filter to its end and returns its result. FilterResult's outcome defaults to
   /// `executed`, so the result is only taken from a coroutine that completed: one that never
   /// finished (it waits on something that never comes) fails the test here instead of passing
   /// as an execution.
   FilterResult run(KeyedRequest req, IdempotencyFilter::Forward forward) {
+    return run(filter, std::move(req), std::move(forward));
+  }
+
+  /// The same through `f`, a filter with other dependencies (a commit budget).
+  FilterResult run(IdempotencyFilter& f, KeyedRequest req, IdempotencyFilter::Forward forward) {
     std::optional<FilterResult> out;
-    asio::co_spawn(io, filter.run(policy, std::move(req), std::move(forward)),
-                   [&out](std::exception_ptr e, FilterResult r) {
-                     if (e) std::rethrow_exception(e);
-                     out = std::move(r);
-                   });
+    spawn(f, std::move(req), std::move(forward), out);
     io.restart();
     io.run();
     BOOST_REQUIRE_MESSAGE(out.has_value(), "the filter's coroutine did not complete");
@@ -736,6 +748,57 @@ BOOST_AUTO_TEST_CASE(replay_markers_round_trip_and_reject_garbage) {
   std::string huge_count = value;
   huge_count[4 + 32 + 1 + 2] = '\x7f';  // header count's top byte
   BOOST_TEST(!decode_replay_marker(huge_count).has_value());
+}
+
+// ---- the commit queue's bound (SPEC C54) ----------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(spec_C54_a_full_commit_queue_sheds_before_any_store_is_asked) {
+  auto budget = std::make_shared<CommitBudget>(1);
+  IdempotencyFilter bounded(store, lock, {}, budget);
+  const CommitBudget::Place taken = budget->try_take();  // another request's place
+  BOOST_REQUIRE(static_cast<bool>(taken));
+  const FilterResult out = run(bounded, request("k1"), upstream(201));
+  BOOST_TEST(static_cast<int>(out.outcome) == static_cast<int>(Outcome::shed));
+  BOOST_TEST(std::string(outcome_label(out.outcome)) == "shed");
+  BOOST_TEST(executions == 0);
+  BOOST_TEST(lock.acquire_calls == 0);  // no lock
+  BOOST_TEST(store.find_calls == 0);    // no record looked up or written
+  BOOST_TEST(store.insert_calls == 0);
+  BOOST_TEST(budget->pending() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C54_an_executing_request_keeps_its_place_until_its_record_commits) {
+  auto budget = std::make_shared<CommitBudget>(1);
+  IdempotencyFilter bounded(store, lock, {}, budget);
+  std::optional<std::size_t> pending_at_commit;
+  store.before_insert = [&] { pending_at_commit = budget->pending(); };
+  const FilterResult out = run(bounded, request("k1"), upstream(201));
+  BOOST_TEST(static_cast<int>(out.outcome) == static_cast<int>(Outcome::executed));
+  BOOST_TEST(pending_at_commit.value_or(0) == 1u);
+  BOOST_TEST(budget->pending() == 0u);  // given back once the record is committed
+}
+
+BOOST_AUTO_TEST_CASE(spec_C54_a_waiter_holds_no_place_while_it_waits) {
+  policy.wait_for_in_flight = true;
+  policy.wait_timeout = 200ms;
+  auto budget = std::make_shared<CommitBudget>(1);
+  IdempotencyFilter bounded(store, lock, {}, budget);
+  const auto held = request("held");
+  BOOST_REQUIRE(lock.take(held.id, "first", 1h));
+  std::optional<FilterResult> waiter;
+  std::optional<FilterResult> other;
+  spawn(bounded, held, upstream(201), waiter);
+  // Starts while the first one polls: with a budget of one place, it executes only if the
+  // waiter gave its place back.
+  asio::steady_timer later(io, 50ms);
+  later.async_wait(
+      [&](boost::system::error_code) { spawn(bounded, request("other"), upstream(201), other); });
+  io.run();
+  BOOST_REQUIRE(waiter.has_value());
+  BOOST_REQUIRE(other.has_value());
+  BOOST_TEST(static_cast<int>(other->outcome) == static_cast<int>(Outcome::executed));
+  BOOST_TEST(static_cast<int>(waiter->outcome) == static_cast<int>(Outcome::in_flight));
+  BOOST_TEST(budget->pending() == 0u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

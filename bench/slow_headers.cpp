@@ -1,0 +1,161 @@
+// Keeps N connections to an HTTP server open, each sending the header of a request one byte per
+// interval and never finishing it (slowloris; S10 of scripts/bench, SPEC C54). A connection the
+// server closes is counted with how long it lived and replaced by a new one, so that N stay open
+// until stdin closes.
+//
+//   slow_headers --host 127.0.0.1 --port P --connections N [--interval-ms 1000]
+//                [--max-connecting 256]
+//
+// Prints `ready N` once N connections are open (at most --max-connecting connect at a time, so
+// the server's listen backlog does not overflow), then, when stdin reaches EOF, one line
+// `cut=K lived_ms_min=… lived_ms_p50=… lived_ms_p99=… lived_ms_max=… open=M refused=R`: K
+// connections the server closed, how long they had lived, the connections open at the end, and
+// connects that failed.
+#include <algorithm>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "bench/tool_support.hpp"
+
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+inline constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+using namespace asio::experimental::awaitable_operators;
+
+struct Run {
+  explicit Run(asio::io_context& io) : connect_slot(io, asio::steady_timer::time_point::max()) {}
+  tcp::endpoint endpoint;
+  std::string header;  // its first bytes; never ends with the blank line
+  std::chrono::milliseconds interval{1000};
+  int target = 0;
+  int max_connecting = 256;
+  int connecting = 0;
+  // Never expires: a slot waiting to connect waits on it, and a finished connect wakes one
+  // waiter (cancel_one), so that waiting costs nothing while 10 000 slots start.
+  asio::steady_timer connect_slot;
+  int open = 0;
+  int refused = 0;
+  bool ready_reported = false;
+  std::vector<double> lived_ms;  // of the connections the server closed
+};
+
+// The header's byte `i`: the request line and Host field, then the value of X-Slow forever.
+char header_byte(const Run& run, std::size_t i) {
+  return i < run.header.size() ? run.header[i] : 'x';
+}
+
+// Sends a byte per interval until a write fails (or the wait is cancelled: the server closed).
+asio::awaitable<void> trickle(const Run* run, tcp::socket* socket) {
+  asio::steady_timer tick(co_await asio::this_coro::executor);
+  for (std::size_t sent = 0;; ++sent) {
+    const char byte = header_byte(*run, sent);
+    auto [ec, n] = co_await asio::async_write(*socket, asio::buffer(&byte, 1), use_nothrow);
+    if (ec) co_return;
+    tick.expires_after(run->interval);
+    auto [tec] = co_await tick.async_wait(use_nothrow);
+    if (tec) co_return;
+  }
+}
+
+// Ends when the server closes the connection (or answers it, which also means a refusal: the
+// header never completes). One wait per connection, not one per byte.
+asio::awaitable<void> until_closed(tcp::socket* socket) {
+  co_await socket->async_wait(tcp::socket::wait_read, use_nothrow);
+}
+
+// One slot: connect, send a byte per interval until the server closes, then start again.
+asio::awaitable<void> slot(Run* run) {
+  auto executor = co_await asio::this_coro::executor;
+  for (;;) {
+    while (run->connecting >= run->max_connecting) {
+      co_await run->connect_slot.async_wait(use_nothrow);
+    }
+    ++run->connecting;
+    tcp::socket socket(executor);
+    auto [ec] = co_await socket.async_connect(run->endpoint, use_nothrow);
+    --run->connecting;
+    run->connect_slot.cancel_one();
+    if (ec) {
+      ++run->refused;
+      asio::steady_timer pause(executor, std::chrono::milliseconds(100));
+      co_await pause.async_wait(use_nothrow);
+      continue;
+    }
+    ++run->open;
+    if (!run->ready_reported && run->open == run->target) {
+      run->ready_reported = true;
+      std::printf("ready %d\n", run->open);
+      std::fflush(stdout);
+    }
+    const auto opened = Clock::now();
+    // The run ends by stopping the io_context, so this returns only when the server cut it.
+    co_await (trickle(run, &socket) || until_closed(&socket));
+    --run->open;
+    run->lived_ms.push_back(
+        std::chrono::duration<double, std::milli>(Clock::now() - opened).count());
+  }
+}
+
+double percentile(std::vector<double>& v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto i = static_cast<std::size_t>(p * static_cast<double>(v.size() - 1));
+  return v[i];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  namespace po = boost::program_options;
+  std::string host = "127.0.0.1";
+  unsigned short port = 0;
+  int connections = 10000;
+  int interval_ms = 1000;
+  int max_connecting = 256;
+  po::options_description options("slow_headers");
+  options.add_options()("host", po::value(&host))("port", po::value(&port)->required())(
+      "connections", po::value(&connections))("interval-ms", po::value(&interval_ms))(
+      "max-connecting", po::value(&max_connecting));
+  if (!idemgate::bench::parse_options(argc, argv, options)) return 2;
+
+  asio::io_context io(1);
+  Run run(io);
+  run.endpoint = tcp::endpoint(asio::ip::make_address(host), port);
+  run.header = "POST /payments HTTP/1.1\r\nHost: " + host + "\r\nX-Slow: ";
+  run.interval = std::chrono::milliseconds(interval_ms);
+  run.target = connections;
+  run.max_connecting = std::max(1, max_connecting);
+  for (int i = 0; i < connections; ++i) {
+    asio::co_spawn(io, slot(&run), [](std::exception_ptr e) {
+      if (e) std::rethrow_exception(e);
+    });
+  }
+  // EOF on stdin ends the run: the figures, then every socket closes with the io_context.
+  const idemgate::bench::StdinWatch watch(io, [&] {
+    auto& v = run.lived_ms;
+    std::printf(
+        "cut=%zu lived_ms_min=%.0f lived_ms_p50=%.0f lived_ms_p99=%.0f lived_ms_max=%.0f "
+        "open=%d refused=%d\n",
+        v.size(), v.empty() ? 0.0 : *std::min_element(v.begin(), v.end()), percentile(v, 0.5),
+        percentile(v, 0.99), percentile(v, 1.0), run.open, run.refused);
+    std::fflush(stdout);
+    io.stop();
+  });
+  io.run();
+  return 0;
+}
