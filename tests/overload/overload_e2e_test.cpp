@@ -91,7 +91,7 @@ std::string metrics_of(const Gateway& gateway) {
 
 double metric(const Gateway& gateway, const std::string& name,
               const std::map<std::string, std::string>& labels = {}) {
-  return ops::metric_value(metrics_of(gateway), name, labels).value_or(-1);
+  return metric_value(metrics_of(gateway), name, labels).value_or(-1);
 }
 
 /// `max_connections` of the gateway's `connection limit` line (logged at start).
