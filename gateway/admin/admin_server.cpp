@@ -17,9 +17,10 @@
 #include <future>
 #include <tuple>
 
+#include "gateway/common/json_log.hpp"
+#include "gateway/common/log_on_exception.hpp"
+#include "gateway/common/use_nothrow.hpp"
 #include "gateway/http/body_reader.hpp"
-#include "gateway/http/json_log.hpp"
-#include "gateway/http/use_nothrow.hpp"
 #include "storage/pg/pg_pool.hpp"
 #include "storage/redis/redis_client.hpp"
 
@@ -30,8 +31,8 @@ namespace beast = boost::beast;
 namespace bhttp = beast::http;
 namespace json = boost::json;
 using tcp = asio::ip::tcp;
-using http::log_json;
-using http::use_nothrow;
+using common::log_json;
+using common::use_nothrow;
 
 namespace {
 
@@ -127,17 +128,6 @@ asio::awaitable<void> serve(tcp::socket socket, Stores stores,
   stream.close();
 }
 
-void log_failure(std::exception_ptr e, const char* what) {
-  if (!e) return;
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    log_json(spdlog::level::err, what, {{"error", ex.what()}});
-  } catch (...) {
-    log_json(spdlog::level::err, what, {{"error", "unknown"}});
-  }
-}
-
 asio::awaitable<void> accept_loop(tcp::acceptor* acceptor, Stores stores,
                                   AdminServer::MetricsText* metrics_text) {
   for (;;) {
@@ -151,7 +141,7 @@ asio::awaitable<void> accept_loop(tcp::acceptor* acceptor, Stores stores,
       continue;
     }
     asio::co_spawn(acceptor->get_executor(), serve(std::move(socket), stores, metrics_text),
-                   [](std::exception_ptr e) { log_failure(e, "admin session failed"); });
+                   common::log_on_exception("admin session failed"));
   }
 }
 
@@ -189,7 +179,7 @@ void AdminServer::start() {
   asio::co_spawn(io_,
                  accept_loop(&acceptor_, Stores{checker_.get(), &draining_, &on_ready_, &degraded_},
                              &metrics_text_),
-                 [](std::exception_ptr e) { log_failure(e, "admin accept loop failed"); });
+                 common::log_on_exception("admin accept loop failed"));
   log_json(spdlog::level::info, "admin listening", {{"address", address_}, {"port", port_}});
   thread_ = std::thread([this] { io_.run(); });
 }
@@ -205,7 +195,7 @@ void AdminServer::check_stores(std::function<void(ReadinessReport)> done) {
   asio::co_spawn(io_, checker_->run(true),
                  [done = std::move(done)](std::exception_ptr e, ReadinessReport report) {
                    if (e) {
-                     log_failure(e, "store checks failed");
+                     common::log_on_exception("store checks failed")(e);
                      return;
                    }
                    done(std::move(report));

@@ -29,6 +29,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "gateway/common/use_nothrow.hpp"
+
 namespace idemgate::test::ops {
 namespace {
 
@@ -37,7 +39,7 @@ namespace beast = boost::beast;
 namespace bhttp = beast::http;
 namespace json = boost::json;
 using tcp = asio::ip::tcp;
-constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+using idemgate::common::use_nothrow;
 
 // A log line offers no event to wait on: poll the file at this interval.
 constexpr auto kPollInterval = std::chrono::milliseconds(10);
