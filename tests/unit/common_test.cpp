@@ -1,15 +1,22 @@
 // What every module uses (gateway/common): host:port, hex, the HTTP date, the exception text of
-// detached tasks.
+// detached tasks, the random bytes of tokens and request ids.
 #define BOOST_TEST_MODULE common
+#include <sys/wait.h>
+#include <unistd.h>
 #include <boost/test/unit_test.hpp>
+
+#include <array>
 #include <chrono>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "gateway/common/hex.hpp"
 #include "gateway/common/host_port.hpp"
 #include "gateway/common/http_date.hpp"
 #include "gateway/common/log_on_exception.hpp"
+#include "gateway/common/random.hpp"
 
 namespace common = idemgate::common;
 
@@ -78,4 +85,52 @@ BOOST_AUTO_TEST_CASE(exception_text_names_what_escaped_a_task) {
   BOOST_TEST(common::exception_text(nullptr).empty());
   BOOST_TEST(common::exception_text(std::make_exception_ptr(std::runtime_error("boom"))) == "boom");
   BOOST_TEST(common::exception_text(std::make_exception_ptr(42)) == "unknown exception");
+}
+
+using Token = std::array<unsigned char, 16>;
+
+Token draw() {
+  Token t{};
+  common::random_bytes(t.data(), t.size());
+  return t;
+}
+
+BOOST_AUTO_TEST_CASE(random_bytes_never_hand_out_the_same_bytes_twice) {
+  // 10 000 tokens cross many 4 KiB refills; a buffer position handed out twice repeats a token.
+  std::set<Token> seen;
+  for (int i = 0; i < 10'000; ++i) BOOST_TEST_REQUIRE(seen.insert(draw()).second);
+  // Uneven sizes straddle the block boundary; a draw larger than a block bypasses the buffer.
+  std::vector<unsigned char> odd(4093), big(10'000);
+  common::random_bytes(odd.data(), odd.size());
+  common::random_bytes(big.data(), big.size());
+  BOOST_TEST(seen.insert(draw()).second);
+  BOOST_TEST(std::set<unsigned char>(big.begin(), big.end()).size() > 200u);
+}
+
+BOOST_AUTO_TEST_CASE(random_bytes_after_a_fork_differ_in_parent_and_child) {
+  draw();  // the buffer is filled before the fork: the child inherits a copy of it
+  int fds[2];
+  BOOST_TEST_REQUIRE(pipe(fds) == 0);
+  const pid_t child = fork();
+  BOOST_TEST_REQUIRE(child >= 0);
+  if (child == 0) {
+    const Token t = draw();
+    const auto written = write(fds[1], t.data(), t.size());
+    _exit(written == static_cast<ssize_t>(t.size()) ? 0 : 1);
+  }
+  close(fds[1]);
+  const Token mine = draw();
+  Token theirs{};
+  std::size_t got = 0;
+  while (got < theirs.size()) {
+    const auto n = read(fds[0], theirs.data() + got, theirs.size() - got);
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  close(fds[0]);
+  int status = 0;
+  BOOST_TEST_REQUIRE(waitpid(child, &status, 0) == child);
+  BOOST_TEST_REQUIRE(got == theirs.size());
+  BOOST_TEST(WIFEXITED(status));
+  BOOST_TEST((mine != theirs));
 }
