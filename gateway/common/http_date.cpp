@@ -19,4 +19,19 @@ std::string format_http_date(std::chrono::system_clock::time_point t) {
   return out;
 }
 
+std::string_view http_date_now() {
+  struct Cached {
+    std::time_t second = -1;
+    std::string text;
+  };
+  thread_local Cached cached;
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t second = std::chrono::system_clock::to_time_t(now);
+  if (second != cached.second) {
+    cached.text = format_http_date(now);
+    cached.second = second;
+  }
+  return cached.text;
+}
+
 }  // namespace idemgate::common

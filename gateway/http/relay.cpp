@@ -371,7 +371,7 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
     res.version(11);
     res.set(bhttp::field::connection, "upgrade");
     res.set(bhttp::field::upgrade, protocol.empty() ? std::string("websocket") : protocol);
-    res.set(bhttp::field::date, common::format_http_date(std::chrono::system_clock::now()));
+    res.set(bhttp::field::date, common::http_date_now());
     append_to_list(res.base(), "Via", kViaEntry);
     if (!in.request_id.empty()) res.set(in.request_id_header, in.request_id);
     res.body().data = nullptr;
@@ -424,7 +424,7 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
   in.handler->strip_owned_fields(res.base());
   if (in.route) in.handler->add_route_fields(*in.route, in.origin, res.base());
   res.version(in.client_version);
-  res.set(bhttp::field::date, common::format_http_date(std::chrono::system_clock::now()));
+  res.set(bhttp::field::date, common::http_date_now());
   append_to_list(res.base(), "Via", kViaEntry);
   if (!in.request_id.empty()) res.set(in.request_id_header, in.request_id);
   bool keep_alive = in.client_keep_alive && parser.is_done();

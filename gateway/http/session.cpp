@@ -117,7 +117,7 @@ void finalize_response(Response& res, unsigned version, bool keep_alive, bool he
   strip_hop_by_hop(res.base());
   if (!request_id.empty()) res.set(ids.header, request_id);
   res.version(version);
-  res.set(bhttp::field::date, common::format_http_date(std::chrono::system_clock::now()));
+  res.set(bhttp::field::date, common::http_date_now());
   append_to_list(res.base(), "Via", kViaEntry);
   if (!status_has_body(res.result_int())) {
     res.body().clear();

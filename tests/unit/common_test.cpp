@@ -10,6 +10,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gateway/common/hex.hpp"
@@ -133,4 +134,19 @@ BOOST_AUTO_TEST_CASE(random_bytes_after_a_fork_differ_in_parent_and_child) {
   BOOST_TEST_REQUIRE(got == theirs.size());
   BOOST_TEST(WIFEXITED(status));
   BOOST_TEST((mine != theirs));
+}
+
+BOOST_AUTO_TEST_CASE(spec_C16_the_cached_date_is_the_current_second) {
+  // Within a second and across a second's boundary: a cached value is never kept past its second.
+  const std::string first(common::http_date_now());
+  while (common::format_http_date(std::chrono::system_clock::now()) == first) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int i = 0; i < 3; ++i) {
+    const auto before = common::format_http_date(std::chrono::system_clock::now());
+    const std::string cached(common::http_date_now());
+    const auto after = common::format_http_date(std::chrono::system_clock::now());
+    BOOST_TEST((cached == before || cached == after),
+               cached << " is neither " << before << " nor " << after);
+  }
 }
