@@ -24,12 +24,13 @@
 #include <vector>
 
 #include "bench/tool_support.hpp"
+#include "gateway/common/use_nothrow.hpp"
 
 namespace {
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
-inline constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+using idemgate::common::use_nothrow;
 
 struct Counts {
   int target = 0;

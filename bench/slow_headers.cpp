@@ -28,13 +28,14 @@
 #include <vector>
 
 #include "bench/tool_support.hpp"
+#include "gateway/common/use_nothrow.hpp"
 
 namespace {
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
-inline constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+using idemgate::common::use_nothrow;
 using namespace asio::experimental::awaitable_operators;
 
 struct Run {

@@ -14,11 +14,11 @@
 
 #include "gateway/admin/admin_server.hpp"
 #include "gateway/cleaner.hpp"
+#include "gateway/common/json_log.hpp"
 #include "gateway/config/config_loader.hpp"
 #include "gateway/core/commit_budget.hpp"
 #include "gateway/core/primary_tracker.hpp"
 #include "gateway/descriptor_budget.hpp"
-#include "gateway/http/json_log.hpp"
 #include "gateway/http/server.hpp"
 #include "gateway/http/upstream_pool.hpp"
 #include "gateway/idempotency_handler.hpp"
@@ -32,7 +32,7 @@
 
 namespace idemgate {
 namespace asio = boost::asio;
-using http::log_json;
+using common::log_json;
 
 namespace {
 
@@ -142,7 +142,7 @@ class ThreadHandler final : public http::RequestHandler {
 
 void setup_logging() {
   // Batched: an io thread never waits for stderr (json_log.hpp); the process flushes at exit.
-  spdlog::set_default_logger(http::make_batched_logger("idemgate"));
+  spdlog::set_default_logger(common::make_batched_logger("idemgate"));
 }
 
 bool run_migrations(const std::shared_ptr<const config::Config>& config) {

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <chrono>
 
-#include "gateway/http/json_log.hpp"
+#include "gateway/common/json_log.hpp"
+#include "gateway/common/log_on_exception.hpp"
+#include "gateway/common/use_nothrow.hpp"
 #include "storage/pg/pg_pool.hpp"
 #include "storage/pg/pg_record_store.hpp"
 
@@ -68,8 +70,8 @@ asio::awaitable<void> clean_once(storage::pg::PgRecordStore* store, int batch,
                                  std::atomic<std::uint64_t>* total, std::atomic<double>* last_run) {
   auto partitions = co_await store->partitions();
   if (!partitions) {
-    http::log_json(spdlog::level::warn, "cleanup failed; retrying next interval",
-                   {{"error", partitions.error().message()}});
+    common::log_json(spdlog::level::warn, "cleanup failed; retrying next interval",
+                     {{"error", partitions.error().message()}});
     co_return;
   }
   std::int64_t round = 0;
@@ -83,8 +85,8 @@ asio::awaitable<void> clean_once(storage::pg::PgRecordStore* store, int batch,
         deleted = co_await store->delete_expired(batch, (*partitions)[target]);
       }
       if (!deleted) {
-        http::log_json(spdlog::level::warn, "cleanup failed; retrying next interval",
-                       {{"error", deleted.error().message()}});
+        common::log_json(spdlog::level::warn, "cleanup failed; retrying next interval",
+                         {{"error", deleted.error().message()}});
         co_return;
       }
       last_run->store(unix_now(), std::memory_order_relaxed);
@@ -96,7 +98,7 @@ asio::awaitable<void> clean_once(storage::pg::PgRecordStore* store, int batch,
   if (round > 0) {
     boost::json::object fields{{"deleted", round}};
     if (!partitions->empty()) fields["partitions"] = partitions->size();
-    http::log_json(spdlog::level::info, "expired records deleted", std::move(fields));
+    common::log_json(spdlog::level::info, "expired records deleted", std::move(fields));
   }
 }
 
@@ -110,24 +112,15 @@ void Cleaner::start() {
   asio::co_spawn(
       *state->io,
       [state, total, last_run]() -> asio::awaitable<void> {
-        constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
         asio::steady_timer timer(*state->io);
         for (;;) {
           timer.expires_after(state->interval);
-          auto [ec] = co_await timer.async_wait(use_nothrow);
+          auto [ec] = co_await timer.async_wait(common::use_nothrow);
           if (ec) co_return;
           co_await clean_once(&state->store, state->batch, total, last_run);
         }
       },
-      [](std::exception_ptr e) {
-        if (e) {
-          try {
-            std::rethrow_exception(e);
-          } catch (const std::exception& ex) {
-            http::log_json(spdlog::level::err, "cleaner stopped", {{"error", ex.what()}});
-          }
-        }
-      });
+      common::log_on_exception("cleaner stopped"));
   thread_ = std::thread([state] { state->io->run(); });
 }
 

@@ -1,3 +1,5 @@
+# What every module uses (gateway/common).
+idemgate_test(common_test unit SOURCES unit/common_test.cpp LIBS idemgate_common)
 idemgate_test(idempotency_key_test unit SOURCES unit/idempotency_key_test.cpp LIBS idemgate_core)
 # The fingerprint test reads requests through the session's body reader and the handler's
 # request_fingerprint (C27), so it links the gateway library.

@@ -18,10 +18,11 @@
 #include <future>
 #include <tuple>
 
+#include "gateway/common/json_log.hpp"
+#include "gateway/common/log_on_exception.hpp"
+#include "gateway/common/use_nothrow.hpp"
 #include "gateway/http/body_reader.hpp"
 #include "gateway/http/connection_gate.hpp"
-#include "gateway/http/json_log.hpp"
-#include "gateway/http/use_nothrow.hpp"
 #include "storage/pg/pg_pool.hpp"
 #include "storage/redis/redis_client.hpp"
 
@@ -32,8 +33,8 @@ namespace beast = boost::beast;
 namespace bhttp = beast::http;
 namespace json = boost::json;
 using tcp = asio::ip::tcp;
-using http::log_json;
-using http::use_nothrow;
+using common::log_json;
+using common::use_nothrow;
 
 namespace {
 
@@ -137,17 +138,6 @@ asio::awaitable<void> serve(tcp::socket socket, Stores stores,
   stream.close();
 }
 
-void log_failure(std::exception_ptr e, const char* what) {
-  if (!e) return;
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    log_json(spdlog::level::err, what, {{"error", ex.what()}});
-  } catch (...) {
-    log_json(spdlog::level::err, what, {{"error", "unknown"}});
-  }
-}
-
 asio::awaitable<void> accept_loop(tcp::acceptor* acceptor, Stores stores,
                                   AdminServer::MetricsText* metrics_text) {
   // Bounded like the client listener (C52), so that a flood of the admin port cannot take the
@@ -175,11 +165,12 @@ asio::awaitable<void> accept_loop(tcp::acceptor* acceptor, Stores stores,
       continue;
     }
     backoff = kFirstBackoff;
-    asio::co_spawn(acceptor->get_executor(), serve(std::move(socket), stores, metrics_text),
-                   [slots](std::exception_ptr e) {
-                     slots->give_back();
-                     log_failure(e, "admin session failed");
-                   });
+    asio::co_spawn(
+        acceptor->get_executor(), serve(std::move(socket), stores, metrics_text),
+        [slots, log = common::log_on_exception("admin session failed")](std::exception_ptr e) {
+          slots->give_back();
+          log(e);
+        });
   }
 }
 
@@ -217,7 +208,7 @@ void AdminServer::start() {
   asio::co_spawn(io_,
                  accept_loop(&acceptor_, Stores{checker_.get(), &draining_, &on_ready_, &degraded_},
                              &metrics_text_),
-                 [](std::exception_ptr e) { log_failure(e, "admin accept loop failed"); });
+                 common::log_on_exception("admin accept loop failed"));
   log_json(spdlog::level::info, "admin listening", {{"address", address_}, {"port", port_}});
   thread_ = std::thread([this] { io_.run(); });
 }
@@ -233,7 +224,7 @@ void AdminServer::check_stores(std::function<void(ReadinessReport)> done) {
   asio::co_spawn(io_, checker_->run(true),
                  [done = std::move(done)](std::exception_ptr e, ReadinessReport report) {
                    if (e) {
-                     log_failure(e, "store checks failed");
+                     common::log_on_exception("store checks failed")(e);
                      return;
                    }
                    done(std::move(report));

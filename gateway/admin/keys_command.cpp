@@ -13,10 +13,10 @@
 #include <span>
 #include <string_view>
 
+#include "gateway/common/json_log.hpp"
 #include "gateway/core/fingerprint.hpp"
 #include "gateway/core/idempotency_key.hpp"
 #include "gateway/core/replay_marker.hpp"
-#include "gateway/http/json_log.hpp"
 #include "gateway/request_identity.hpp"
 #include "storage/pg/pg_pool.hpp"
 #include "storage/pg/pg_record_store.hpp"
@@ -261,8 +261,8 @@ int run_keys(const config::Config& config, const KeysRequest& request, std::ostr
     out << "id " << core::to_hex(id) << "\n"
         << "route " << record.route << "\n"
         << "status " << record.response.status << "\n"
-        << "created " << http::format_rfc3339(record.created_at) << "\n"
-        << "expires " << http::format_rfc3339(record.expires_at) << "\n"
+        << "created " << common::format_rfc3339(record.created_at) << "\n"
+        << "expires " << common::format_rfc3339(record.expires_at) << "\n"
         << "fingerprint " << core::to_hex(record.fingerprint) << "\n"
         << "body_size " << record.response.body.size() << "\n"
         << "body_omitted " << (record.response.body_omitted ? "true" : "false") << "\n"

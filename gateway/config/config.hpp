@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "gateway/common/host_port.hpp"
 #include "gateway/core/idempotency_key.hpp"
 #include "gateway/core/status_set.hpp"
 
@@ -51,10 +52,7 @@ struct Limits {
 };
 
 /// One `host:port`: an upstream server, a Redis sentinel or a Redis Cluster seed node.
-struct Server {
-  std::string host;
-  std::uint16_t port = 0;
-};
+using Server = common::HostPort;
 
 struct Postgres {
   std::string dsn;

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <fstream>
 
+#include "gateway/common/host_port.hpp"
+
 namespace idemgate::config::detail {
 
 namespace {
@@ -294,34 +296,26 @@ std::string Loader::ip_address(const Field& f) const {
 
 Server Loader::server(const Field& f) const {
   const std::string s = non_empty(f);
-  const char* form = "expected \"host:port\" (IPv6 as \"[::1]:9001\"), got ";
-  std::string host;
-  std::string port_text;
-  if (s.front() == '[') {
-    const auto close = s.find(']');
-    if (close == std::string::npos || close + 1 >= s.size() || s[close + 1] != ':') {
-      fail(f, form + in_quotes(s));
+  const auto parsed = common::parse_host_port(s);
+  if (!parsed.value) {
+    switch (parsed.error) {
+      case common::HostPortError::ipv6_unbracketed:
+        fail(f, "an IPv6 address goes in brackets, e.g. \"[::1]:9001\", got " + in_quotes(s));
+      case common::HostPortError::bad_ipv6:
+        fail(f, in_quotes(s.substr(1, s.find(']') - 1)) + " is not an IPv6 address");
+      case common::HostPortError::bad_port:
+        fail(f, "the port must be 1-65535, got " + in_quotes(s));
+      case common::HostPortError::syntax:
+        break;
     }
-    host = s.substr(1, close - 1);
-    port_text = s.substr(close + 2);
-    if (!is_ipv6(host)) fail(f, in_quotes(host) + " is not an IPv6 address");
-  } else {
-    const auto colon = s.rfind(':');
-    if (colon == std::string::npos) fail(f, form + in_quotes(s));
-    if (s.find(':') != colon) {
-      fail(f, "an IPv6 address goes in brackets, e.g. \"[::1]:9001\", got " + in_quotes(s));
-    }
-    host = s.substr(0, colon);
-    port_text = s.substr(colon + 1);
-    if (!is_hostname(host)) fail(f, form + in_quotes(s));
+    fail(f, "expected \"host:port\" (IPv6 as \"[::1]:9001\"), got " + in_quotes(s));
   }
-  unsigned long p = 0;
-  if (port_text.empty() || port_text.size() > 5 ||
-      !std::all_of(port_text.begin(), port_text.end(), is_digit) ||
-      (p = std::stoul(port_text)) < 1 || p > 65535) {
-    fail(f, "the port must be 1-65535, got " + in_quotes(s));
+  // parse_host_port takes any RFC 3986 reg-name; a server is a DNS name or an address.
+  const Server& server = *parsed.value;
+  if (s.front() == '[' ? !is_ipv6(server.host) : !is_hostname(server.host)) {
+    fail(f, "expected \"host:port\" (IPv6 as \"[::1]:9001\"), got " + in_quotes(s));
   }
-  return Server{host, static_cast<std::uint16_t>(p)};
+  return server;
 }
 
 }  // namespace idemgate::config::detail

@@ -2,6 +2,7 @@
 // gateway tells it in preflights and responses.
 
 #include <algorithm>
+#include <boost/url/parse.hpp>
 
 #include "gateway/config/loader.hpp"
 
@@ -59,30 +60,26 @@ std::string origin(Loader& loader, const Field& f) {
                        in_quotes(s.substr(0, sep + 3) +
                                  authority.substr(0, authority.find_first_of("/?#"))));
   }
-  std::string host = authority;
-  std::string port;
-  if (!host.empty() && host.front() == '[') {
-    const auto close = host.find(']');
-    if (close == std::string::npos || !is_ipv6(host.substr(1, close - 1)) ||
-        (close + 1 < host.size() && host[close + 1] != ':')) {
-      loader.fail(f, "expected an origin such as \"https://[::1]:8443\", got " + in_quotes(s));
-    }
-    if (close + 1 < host.size()) port = host.substr(close + 2);
-    if (close + 1 < host.size() &&
-        (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), is_digit))) {
+  const auto parsed = boost::urls::parse_authority(authority);
+  if (!parsed || parsed->has_userinfo()) {
+    // What parse_authority refuses after a name: a port that is not digits.
+    if (!authority.empty() && authority.front() != '[' &&
+        authority.find(':') != std::string::npos) {
       loader.fail(f, "the port must be digits, got " + in_quotes(s));
     }
-    return s;
+    loader.fail(
+        f, std::string("expected an origin such as \"https://") +
+               (!authority.empty() && authority.front() == '[' ? "[::1]:8443" : "app.example.com") +
+               "\", got " + in_quotes(s));
   }
-  const auto colon = host.find(':');
-  if (colon != std::string::npos) {
-    port = host.substr(colon + 1);
-    if (port.empty() || port.size() > 5 || !std::all_of(port.begin(), port.end(), is_digit)) {
-      loader.fail(f, "the port must be digits, got " + in_quotes(s));
-    }
-    host = host.substr(0, colon);
+  if (parsed->has_port() && (parsed->port().empty() || parsed->port().size() > 5)) {
+    loader.fail(f, "the port must be digits, got " + in_quotes(s));
   }
-  if (!is_hostname(host) || host.front() == '.' || host.back() == '.') {
+  const std::string_view host = parsed->encoded_host_address();
+  const bool valid = parsed->host_type() == boost::urls::host_type::ipv6 ||
+                     (parsed->host_type() != boost::urls::host_type::ipvfuture &&
+                      is_hostname(host) && host.front() != '.' && host.back() != '.');
+  if (!valid) {
     loader.fail(f, "expected an origin such as \"https://app.example.com\", got " + in_quotes(s));
   }
   return s;

@@ -2,11 +2,12 @@
 
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
 
 #include <new>
 #include <stdexcept>
 #include <vector>
+
+#include "gateway/common/hex.hpp"
 
 namespace idemgate::core {
 namespace {
@@ -14,8 +15,6 @@ namespace {
 EVP_MD_CTX* md(void* p) {
   return static_cast<EVP_MD_CTX*>(p);
 }
-
-constexpr char kHex[] = "0123456789abcdef";
 
 /// SHA-256 fetched from the default provider once: EVP_sha256() makes every EVP_DigestInit_ex
 /// look the implementation up again (a property query under a lock, OpenSSL 3).
@@ -64,15 +63,6 @@ ContextCache& context_cache() {
   return cache;
 }
 
-std::string hex_of(const unsigned char* data, std::size_t size) {
-  std::string out(size * 2, '\0');
-  for (std::size_t i = 0; i < size; ++i) {
-    out[2 * i] = kHex[data[i] >> 4];
-    out[2 * i + 1] = kHex[data[i] & 0x0f];
-  }
-  return out;
-}
-
 }  // namespace
 
 Sha256Builder::Sha256Builder() : ctx_(context_cache().take()) {
@@ -112,7 +102,7 @@ Sha256 Sha256Builder::finish() {
 }
 
 std::string to_hex(const Sha256& digest) {
-  return hex_of(digest.data(), digest.size());
+  return common::hex(digest.data(), digest.size());
 }
 
 std::string hmac_sha256_hex(std::string_view key, std::string_view data) {
@@ -120,17 +110,13 @@ std::string hmac_sha256_hex(std::string_view key, std::string_view data) {
   unsigned int size = 0;
   HMAC(sha256_md(), key.data(), static_cast<int>(key.size()),
        reinterpret_cast<const unsigned char*>(data.data()), data.size(), out, &size);
-  return hex_of(out, size);
-}
-
-void random_bytes(unsigned char* out, std::size_t n) {
-  if (RAND_bytes(out, static_cast<int>(n)) != 1) throw std::runtime_error("RAND_bytes failed");
+  return common::hex(out, size);
 }
 
 std::string random_token() {
   unsigned char bytes[16];
   random_bytes(bytes, sizeof bytes);
-  return hex_of(bytes, sizeof bytes);
+  return common::hex(bytes, sizeof bytes);
 }
 
 }  // namespace idemgate::core

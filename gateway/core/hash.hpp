@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "gateway/common/random.hpp"
+
 namespace idemgate::core {
 
 /// A SHA-256 digest (32 bytes).
@@ -37,9 +39,8 @@ std::string to_hex(const Sha256& digest);
 /// HMAC-SHA-256 of `data` under `key`, lower-case hex (SPEC C14 `upstream_key: rewrite`).
 std::string hmac_sha256_hex(std::string_view key, std::string_view data);
 
-/// Fills `out[0..n)` from OpenSSL's CSPRNG (a per-thread DRBG: no lock, no system call per
-/// call). Throws std::runtime_error when the generator fails.
-void random_bytes(unsigned char* out, std::size_t n);
+/// Random bytes from OpenSSL's CSPRNG (gateway/common/random.hpp).
+using common::random_bytes;
 
 /// 128 random bits from OpenSSL's CSPRNG as 32 hex characters (lock owner tokens, C23).
 std::string random_token();

@@ -14,6 +14,8 @@
 #include <string>
 #include <utility>
 
+#include "gateway/common/log_on_exception.hpp"
+#include "gateway/common/use_nothrow.hpp"
 #include "gateway/core/replay_marker.hpp"
 
 namespace idemgate::core {
@@ -21,7 +23,7 @@ namespace asio = boost::asio;
 
 namespace {
 
-constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+using common::use_nothrow;
 
 struct Renewal {
   explicit Renewal(asio::any_io_executor ex) : timer(std::move(ex)) {}
@@ -220,14 +222,7 @@ void IdempotencyFilter::settle(const asio::any_io_executor& executor, const Sha2
 
 void IdempotencyFilter::task_ended(const char* what, const std::exception_ptr& e) {
   if (!e) return;
-  std::string detail = "unknown exception";
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    detail = ex.what();
-  } catch (...) {
-  }
-  if (events_.task_failed) events_.task_failed(what, detail);
+  if (events_.task_failed) events_.task_failed(what, common::exception_text(e));
 }
 
 void IdempotencyFilter::when_settled(std::function<void()> done) {

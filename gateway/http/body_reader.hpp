@@ -18,8 +18,8 @@
 #include <string_view>
 #include <type_traits>
 
+#include "gateway/common/use_nothrow.hpp"
 #include "gateway/http/headers.hpp"
-#include "gateway/http/use_nothrow.hpp"
 
 namespace idemgate::http {
 
@@ -92,7 +92,7 @@ boost::asio::awaitable<boost::system::error_code> async_read_body(
     const std::size_t free = std::min(kReadSize, buffer.max_size() - buffer.size());
     if (free == 0) co_return bhttp::error::buffer_overflow;
     if (per_read) boost::beast::get_lowest_layer(stream).expires_after(*per_read);
-    auto [rec, n] = co_await stream.async_read_some(buffer.prepare(free), use_nothrow);
+    auto [rec, n] = co_await stream.async_read_some(buffer.prepare(free), common::use_nothrow);
     buffer.commit(n);
     if (rec == boost::asio::error::eof) {
       // The end of a body delimited by the connection's close (RFC 9112 §6.3 item 8), or a

@@ -4,11 +4,13 @@
 #include <boost/json/object.hpp>
 #include <utility>
 
-#include "gateway/http/json_log.hpp"
+#include "gateway/common/json_log.hpp"
 
 namespace idemgate::http {
 
 using Clock = std::chrono::steady_clock;
+using common::format_rfc3339;
+using common::log_json;
 
 ConnectionGate::ConnectionGate(std::size_t max_connections, std::string listener)
     : max_(max_connections), listener_(std::move(listener)) {}

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <boost/beast/core/string.hpp>
+#include <boost/beast/http/rfc7230.hpp>
 #include <cctype>
 #include <charconv>
-#include <cstdio>
-#include <ctime>
+#include <vector>
 
 namespace idemgate::http {
 namespace {
@@ -26,35 +26,28 @@ std::string_view trim(std::string_view s) {
 
 }  // namespace
 
-std::vector<std::string> list_tokens(const Fields& fields, std::string_view name) {
-  std::vector<std::string> out;
+bool has_token(const Fields& fields, std::string_view name, std::string_view token) {
   for (const auto& f : fields) {
-    if (!boost::beast::iequals(f.name_string(), name)) continue;
-    std::string_view rest = f.value();
-    while (!rest.empty()) {
-      const auto comma = rest.find(',');
-      const auto token = trim(rest.substr(0, comma));
-      if (!token.empty()) out.emplace_back(token);
-      if (comma == std::string_view::npos) break;
-      rest.remove_prefix(comma + 1);
+    if (boost::beast::iequals(f.name_string(), name) &&
+        bhttp::token_list(f.value()).exists(token)) {
+      return true;
     }
   }
-  return out;
-}
-
-bool has_token(const Fields& fields, std::string_view name, std::string_view token) {
-  const auto tokens = list_tokens(fields, name);
-  return std::any_of(tokens.begin(), tokens.end(),
-                     [&](const std::string& t) { return boost::beast::iequals(t, token); });
+  return false;
 }
 
 void strip_hop_by_hop(Fields& fields) {
   // Fields named by Connection go first: the Connection field itself is among kHopByHop. Host
   // is exempt: a client naming it would otherwise make the forwarded request invalid (C02 keeps
-  // it).
-  for (const auto& name : list_tokens(fields, "Connection")) {
-    if (!boost::beast::iequals(name, "Host")) fields.erase(name);
+  // it). The names are copied: erasing fields frees the values the list points into.
+  std::vector<std::string> named;
+  for (const auto& f : fields) {
+    if (f.name() != bhttp::field::connection) continue;
+    for (const auto& name : bhttp::token_list(f.value())) {
+      if (!boost::beast::iequals(name, "Host")) named.emplace_back(name);
+    }
   }
+  for (const auto& name : named) fields.erase(name);
   for (const auto name : kHopByHop) fields.erase(name);
 }
 
@@ -83,46 +76,25 @@ void add_forwarding_fields(Fields& fields, std::string_view client_ip, std::stri
   append_to_list(fields, "Via", kViaEntry);
 }
 
-std::string_view host_without_port(std::string_view host) {
-  host = trim(host);
-  if (!host.empty() && host.front() == '[') {
-    const auto close = host.find(']');
-    return close == std::string_view::npos ? host : host.substr(0, close + 1);
-  }
-  const auto colon = host.rfind(':');
-  return colon == std::string_view::npos ? host : host.substr(0, colon);
-}
-
 std::optional<std::chrono::seconds> keep_alive_timeout(const Fields& fields) {
-  for (const auto& token : list_tokens(fields, "Keep-Alive")) {
-    const auto eq = token.find('=');
-    if (eq == std::string::npos) continue;
-    if (!boost::beast::iequals(trim(std::string_view(token).substr(0, eq)), "timeout")) continue;
-    auto value = trim(std::string_view(token).substr(eq + 1));
-    if (!value.empty() && value.front() == '"' && value.size() >= 2) {
-      value = value.substr(1, value.size() - 2);
-    }
-    long long seconds = 0;
-    const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
-    if (ec == std::errc() && ptr == value.data() + value.size() && seconds >= 0) {
-      return std::chrono::seconds(seconds);
+  for (const auto& f : fields) {
+    if (f.name() != bhttp::field::keep_alive) continue;
+    // `timeout=5, max=100` is a comma list of parameters: with the commas turned into
+    // semicolons it is what Beast's param_list reads (`;timeout=5; max=100`).
+    std::string params = ";" + std::string(f.value());
+    std::replace(params.begin(), params.end(), ',', ';');
+    for (const auto& [name, raw] : bhttp::param_list(params)) {
+      if (!boost::beast::iequals(name, "timeout")) continue;
+      std::string_view value = raw;
+      if (value.size() >= 2 && value.front() == '"') value = value.substr(1, value.size() - 2);
+      long long seconds = 0;
+      const auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), seconds);
+      if (ec == std::errc() && ptr == value.data() + value.size() && seconds >= 0) {
+        return std::chrono::seconds(seconds);
+      }
     }
   }
   return std::nullopt;
-}
-
-std::string format_http_date(std::chrono::system_clock::time_point t) {
-  static constexpr const char* kDays[] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
-  static constexpr const char* kMonths[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
-                                            "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
-  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char out[64];
-  std::snprintf(out, sizeof out, "%s, %02d %s %04d %02d:%02d:%02d GMT", kDays[tm.tm_wday],
-                tm.tm_mday, kMonths[tm.tm_mon], tm.tm_year + 1900, tm.tm_hour, tm.tm_min,
-                tm.tm_sec);
-  return out;
 }
 
 bool status_has_body(unsigned status) {

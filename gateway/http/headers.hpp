@@ -7,7 +7,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <vector>
 
 namespace idemgate::http {
 
@@ -32,23 +31,12 @@ void append_to_list(Fields& fields, std::string_view name, std::string_view valu
 /// value (removed when there is no Host), and appends `Via: 1.1 idemgate`. `Host` is untouched.
 void add_forwarding_fields(Fields& fields, std::string_view client_ip, std::string_view proto);
 
-/// The comma-separated tokens of every `name` field, trimmed of optional white space, in order;
-/// empty elements are dropped (RFC 9110 §5.6.1).
-std::vector<std::string> list_tokens(const Fields& fields, std::string_view name);
-
-/// True when some `name` field lists `token` (case-insensitive).
+/// True when some `name` field's token list (Beast's http::token_list, RFC 9110 §5.6.1) holds
+/// `token` (case-insensitive). A list that stops being valid yields its tokens up to there.
 bool has_token(const Fields& fields, std::string_view name, std::string_view token);
-
-/// The host name of a `Host` value without its port: `Example.com:8080` → `Example.com`,
-/// `[::1]:80` → `[::1]`. Case is kept; compare case-insensitively.
-std::string_view host_without_port(std::string_view host);
 
 /// The `timeout=N` parameter of a `Keep-Alive` field (seconds), if any (C08).
 std::optional<std::chrono::seconds> keep_alive_timeout(const Fields& fields);
-
-/// `t` in the IMF-fixdate form of RFC 9110 §5.6.7 (`Sun, 06 Nov 1994 08:49:37 GMT`), for `Date`.
-/// Locale-independent.
-std::string format_http_date(std::chrono::system_clock::time_point t);
 
 /// False for the statuses that never have a body (1xx, 204, 304; RFC 9110 §6.4.1).
 bool status_has_body(unsigned status);

@@ -12,13 +12,17 @@
 #include <memory>
 #include <vector>
 
+#include "gateway/common/host_port.hpp"
+#include "gateway/common/http_date.hpp"
+#include "gateway/common/use_nothrow.hpp"
 #include "gateway/http/body_reader.hpp"
 #include "gateway/http/headers.hpp"
 #include "gateway/http/problem.hpp"
 #include "gateway/http/upstream_response.hpp"
-#include "gateway/http/use_nothrow.hpp"
 
 namespace idemgate::http {
+
+using common::use_nothrow;
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -37,7 +41,7 @@ bool closed_before_answer(const error_code& ec) {
 }
 
 std::string server_text(const config::Server& server) {
-  return server.host + ":" + std::to_string(server.port);
+  return common::format_host_port(server.host, server.port);
 }
 
 /// One piece of a body into [`data`, `data + size`) (async_read_body with a buffer_body parser):
@@ -186,11 +190,6 @@ asio::awaitable<error_code> flush_leftover(beast::flat_buffer& buffer, ByteStrea
 }
 
 }  // namespace
-
-bool asks_websocket_upgrade(const bhttp::request_header<>& header) {
-  return header.method() == bhttp::verb::get && header.version() >= 11 &&
-         has_token(header, "Connection", "upgrade") && has_token(header, "Upgrade", "websocket");
-}
 
 asio::awaitable<RelayOutcome> relay(RelayRequest in) {
   using namespace asio::experimental::awaitable_operators;
@@ -372,7 +371,7 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
     res.version(11);
     res.set(bhttp::field::connection, "upgrade");
     res.set(bhttp::field::upgrade, protocol.empty() ? std::string("websocket") : protocol);
-    res.set(bhttp::field::date, format_http_date(std::chrono::system_clock::now()));
+    res.set(bhttp::field::date, common::http_date_now());
     append_to_list(res.base(), "Via", kViaEntry);
     if (!in.request_id.empty()) res.set(in.request_id_header, in.request_id);
     res.body().data = nullptr;
@@ -425,7 +424,7 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
   in.handler->strip_owned_fields(res.base());
   if (in.route) in.handler->add_route_fields(*in.route, in.origin, res.base());
   res.version(in.client_version);
-  res.set(bhttp::field::date, format_http_date(std::chrono::system_clock::now()));
+  res.set(bhttp::field::date, common::http_date_now());
   append_to_list(res.base(), "Via", kViaEntry);
   if (!in.request_id.empty()) res.set(in.request_id_header, in.request_id);
   bool keep_alive = in.client_keep_alive && parser.is_done();

@@ -102,8 +102,4 @@ struct RelayOutcome {
 /// Never throws for network errors.
 boost::asio::awaitable<RelayOutcome> relay(RelayRequest request);
 
-/// Whether a request header asks to upgrade to WebSocket (SPEC C40, RFC 6455 §4.1): GET,
-/// `Connection` lists `upgrade`, `Upgrade` lists `websocket` (case-insensitive).
-bool asks_websocket_upgrade(const boost::beast::http::request_header<>& header);
-
 }  // namespace idemgate::http

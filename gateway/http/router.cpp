@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <boost/beast/core/string.hpp>
 
-#include "gateway/http/headers.hpp"
+#include "gateway/common/host_port.hpp"
 
 namespace idemgate::http {
 namespace {
@@ -33,7 +33,7 @@ bool method_matches(const std::vector<std::string>& methods, std::string_view me
 
 const config::Route* match(const config::Config& config, std::string_view host,
                            std::string_view path, std::string_view method) {
-  const auto name = host_without_port(host);
+  const auto name = common::authority_host(host);
   for (const auto& route : config.routes) {
     if (host_matches(route.match.host, name) && path_matches(route.match, path) &&
         method_matches(route.match.methods, method)) {

@@ -12,11 +12,15 @@
 #include <stdexcept>
 #include <thread>
 
-#include "gateway/http/json_log.hpp"
+#include "gateway/common/json_log.hpp"
+#include "gateway/common/log_on_exception.hpp"
+#include "gateway/common/use_nothrow.hpp"
 #include "gateway/http/session.hpp"
-#include "gateway/http/use_nothrow.hpp"
 
 namespace idemgate::http {
+
+using common::log_json;
+using common::use_nothrow;
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
@@ -230,14 +234,8 @@ void Server::run_worker(Worker& worker) {
   worker.context->on_session_end = [this, &worker] {
     if (worker.context->draining && worker.context->sessions.empty()) finish_worker(worker);
   };
-  asio::co_spawn(worker.io_context, accept_loop(worker), [](std::exception_ptr e) {
-    if (!e) return;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      log_json(spdlog::level::critical, "accept loop failed", {{"error", ex.what()}});
-    }
-  });
+  asio::co_spawn(worker.io_context, accept_loop(worker),
+                 common::log_on_exception("accept loop failed", spdlog::level::critical));
   worker.io_context.run();
   // Handlers are thread-affine (store connections): destroy it on its own thread, while the
   // io_context its sockets belong to still exists.

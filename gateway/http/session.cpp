@@ -13,9 +13,11 @@
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
+#include <boost/beast/http/rfc7230.hpp>
 #include <boost/beast/http/serializer.hpp>
 #include <boost/beast/http/write.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
+#include <boost/beast/websocket/rfc6455.hpp>
 #include <boost/json/object.hpp>
 #include <boost/url/parse.hpp>
 #include <cstdint>
@@ -24,17 +26,24 @@
 #include <optional>
 #include <string_view>
 
+#include "gateway/common/http_date.hpp"
+#include "gateway/common/json_log.hpp"
+#include "gateway/common/log_on_exception.hpp"
+#include "gateway/common/use_nothrow.hpp"
 #include "gateway/http/body_reader.hpp"
 #include "gateway/http/headers.hpp"
-#include "gateway/http/json_log.hpp"
 #include "gateway/http/problem.hpp"
 #include "gateway/http/relay.hpp"
 #include "gateway/http/request_id.hpp"
 #include "gateway/http/router.hpp"
 #include "gateway/http/traceparent.hpp"
-#include "gateway/http/use_nothrow.hpp"
 
 namespace idemgate::http {
+
+using common::format_rfc3339;
+using common::log_access;
+using common::log_json;
+using common::use_nothrow;
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -130,7 +139,7 @@ void finalize_response(Response& res, unsigned version, bool keep_alive, bool he
   strip_hop_by_hop(res.base());
   if (!request_id.empty()) res.set(ids.header, request_id);
   res.version(version);
-  res.set(bhttp::field::date, format_http_date(std::chrono::system_clock::now()));
+  res.set(bhttp::field::date, common::http_date_now());
   append_to_list(res.base(), "Via", kViaEntry);
   if (!status_has_body(res.result_int())) {
     res.body().clear();
@@ -355,8 +364,8 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
     } else if (te > 0) {
       // Any coding before chunked (gzip, chunked) would reach the upstream still coded but
       // without its Transfer-Encoding, and be fingerprinted coded: refuse it (RFC 9112 §6.1).
-      const auto codings = list_tokens(parser.get().base(), "Transfer-Encoding");
-      if (codings.size() != 1) {
+      const bhttp::token_list codings(parser.get()[bhttp::field::transfer_encoding]);
+      if (te != 1 || std::distance(codings.begin(), codings.end()) != 1) {
         reject = Problem::bad_framing;
         reject_detail = "only the chunked transfer coding is supported, alone";
       }
@@ -583,7 +592,7 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
       header.keep_alive() && !close_after_response_ && !context_->draining;
   const bool websocket =
       std::find(route.upgrade.begin(), route.upgrade.end(), "websocket") != route.upgrade.end() &&
-      asks_websocket_upgrade(header);
+      beast::websocket::is_upgrade(header);
 
   if (!parser.is_done() && version >= 11 &&
       beast::iequals(header[bhttp::field::expect], "100-continue")) {
@@ -723,16 +732,7 @@ asio::awaitable<void> serve(std::unique_ptr<Session> session) {
 
 void start_session(tcp::socket socket, std::shared_ptr<SessionContext> context) {
   auto executor = socket.get_executor();
-  auto on_end = [](std::exception_ptr e) {
-    if (!e) return;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      log_json(spdlog::level::err, "session failed", {{"error", ex.what()}});
-    } catch (...) {
-      log_json(spdlog::level::err, "session failed", {{"error", "unknown"}});
-    }
-  };
+  const auto on_end = common::log_on_exception("session failed");
   if (context->tls) {
     auto& tls = *context->tls;
     asio::co_spawn(executor,

@@ -20,13 +20,17 @@
 #include <deque>
 #include <optional>
 
+#include "gateway/common/host_port.hpp"
+#include "gateway/common/json_log.hpp"
+#include "gateway/common/use_nothrow.hpp"
 #include "gateway/http/body_reader.hpp"
-#include "gateway/http/json_log.hpp"
 #include "gateway/http/problem.hpp"
 #include "gateway/http/upstream_response.hpp"
-#include "gateway/http/use_nothrow.hpp"
 
 namespace idemgate::http {
+
+using common::log_json;
+using common::use_nothrow;
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -72,7 +76,7 @@ namespace {
 constexpr auto kKeepAliveMargin = std::chrono::seconds(1);
 
 std::string server_key(const config::Server& server) {
-  return server.host + ":" + std::to_string(server.port);
+  return common::format_host_port(server.host, server.port);
 }
 
 // A non-blocking peek: EOF, an error or unsolicited bytes all mean the connection is unusable.

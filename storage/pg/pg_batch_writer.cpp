@@ -15,13 +15,16 @@
 #include <utility>
 #include <vector>
 
+#include "gateway/common/log_on_exception.hpp"
+#include "gateway/common/use_nothrow.hpp"
+
 namespace idemgate::storage::pg {
 namespace {
 
 namespace asio = boost::asio;
 using core::store_errc;
 
-inline constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+using common::use_nothrow;
 
 // The same row semantics as PgRecordStore's single-row insert (replace only an expired row,
 // leave a live one alone), for many rows at once. Only rows written come back.
@@ -195,14 +198,8 @@ void start_flush(const std::shared_ptr<PgBatchWriter::State>& state) {
     return;
   }
   ++state->in_flight;
-  asio::co_spawn(state->executor, flush(state), [](std::exception_ptr e) {
-    if (!e) return;
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      spdlog::error("postgres: batch writer failed: {}", ex.what());
-    }
-  });
+  asio::co_spawn(state->executor, flush(state),
+                 common::log_on_exception("postgres: batch writer failed"));
 }
 
 // Sends batches until the queue is empty. Runs while the next batch accumulates behind it.

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <variant>
 
+#include "gateway/common/use_nothrow.hpp"
+
 namespace idemgate::storage::pg {
 namespace {
 
@@ -18,7 +20,7 @@ namespace asio = boost::asio;
 using namespace asio::experimental::awaitable_operators;
 using core::store_errc;
 
-inline constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+using common::use_nothrow;
 
 std::string_view trimmed(const char* message) {
   std::string_view text = message ? message : "";

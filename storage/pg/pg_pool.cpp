@@ -7,13 +7,15 @@
 #include <list>
 #include <random>
 
+#include "gateway/common/use_nothrow.hpp"
+
 namespace idemgate::storage::pg {
 namespace {
 
 namespace asio = boost::asio;
 using core::store_errc;
 
-inline constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+using common::use_nothrow;
 
 // A coroutine waiting for a free slot. Its timer expires at the waiter's deadline; cancelling it
 // is the wake-up call. Leaves the queue however the wait ends, including by the waiting

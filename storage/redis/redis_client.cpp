@@ -1,8 +1,8 @@
 #include "storage/redis/redis_client.hpp"
 
 #include <boost/asio/error.hpp>
-#include <charconv>
 
+#include "gateway/common/host_port.hpp"
 #include "storage/redis/redis_routing.hpp"
 
 namespace idemgate::storage::redis {
@@ -166,8 +166,7 @@ std::unique_ptr<RedisClient> make_redis_client(asio::any_io_executor executor,
 }
 
 std::string endpoint_text(const std::string& host, std::uint16_t port) {
-  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
-  return host + ":" + std::to_string(port);
+  return common::format_host_port(host, port);
 }
 
 bool is_not_primary_error(const Reply& reply) {
@@ -179,16 +178,9 @@ bool is_not_primary_error(const Reply& reply) {
 }
 
 std::optional<Endpoint> parse_endpoint(std::string_view text) {
-  const auto colon = text.rfind(':');
-  if (colon == std::string_view::npos) return {};
-  std::uint16_t port = 0;
-  const auto digits = text.substr(colon + 1);
-  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
-  if (ec != std::errc{} || end != digits.data() + digits.size() || port == 0) return {};
-  auto host = text.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  return Endpoint{std::string(host), port};
+  auto parsed = common::parse_host_port(text);
+  if (!parsed.value) return {};
+  return Endpoint{std::move(parsed.value->host), parsed.value->port};
 }
 
 std::optional<Redirect> parse_redirect(const Reply& reply, const std::string& from_host) {

@@ -6,11 +6,12 @@
 #include <boost/asio/error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <charconv>
 #include <limits>
 #include <map>
 #include <set>
 
+#include "gateway/common/host_port.hpp"
+#include "gateway/common/use_nothrow.hpp"
 #include "storage/redis/redis_client.hpp"
 #include "storage/redis/redis_routing.hpp"
 
@@ -21,7 +22,7 @@ namespace asio = boost::asio;
 using boost::system::result;
 using core::store_errc;
 
-inline constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+using common::use_nothrow;
 
 constexpr std::array<std::uint16_t, 256> make_crc_table() {
   std::array<std::uint16_t, 256> table{};

@@ -16,6 +16,8 @@
 #include <deque>
 #include <optional>
 
+#include "gateway/common/use_nothrow.hpp"
+
 namespace idemgate::storage::redis {
 namespace {
 
@@ -23,7 +25,7 @@ namespace asio = boost::asio;
 using boost::system::error_code;
 using core::store_errc;
 
-inline constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+using common::use_nothrow;
 
 /// Pause before the first reconnect for undos after a failed attempt, doubled per failure up to
 /// kRecoveryMax while the server stays away. The first attempt goes at once.

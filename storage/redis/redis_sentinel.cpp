@@ -1,11 +1,11 @@
 // Routing to the primary that Redis Sentinel names (SPEC C41).
 
-#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <charconv>
 #include <chrono>
 
+#include "gateway/common/use_nothrow.hpp"
 #include "storage/redis/redis_client.hpp"
 #include "storage/redis/redis_routing.hpp"
 
@@ -16,7 +16,7 @@ namespace asio = boost::asio;
 using boost::system::result;
 using core::store_errc;
 
-inline constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+using common::use_nothrow;
 
 std::string describe_failure(const result<Reply>& reply) {
   if (!reply) return reply.error().message();

@@ -34,6 +34,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "gateway/common/use_nothrow.hpp"
 #include "gateway/core/fingerprint.hpp"
 #include "gateway/core/hash.hpp"
 #include "gateway/core/replay_marker.hpp"
@@ -47,7 +48,7 @@ namespace bhttp = beast::http;
 namespace json = boost::json;
 using tcp = asio::ip::tcp;
 
-constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+using idemgate::common::use_nothrow;
 
 // Neither binary offers an event for "listening" or "counter reached" other than its output
 // or an HTTP answer: they are polled at kPollInterval (tests/support/polling.hpp).

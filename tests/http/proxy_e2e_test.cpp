@@ -27,16 +27,16 @@
 #include <utility>
 #include <vector>
 
+#include "gateway/common/use_nothrow.hpp"
 #include "gateway/http/server.hpp"
 #include "gateway/http/upstream_pool.hpp"
-#include "gateway/http/use_nothrow.hpp"
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
 namespace config = idemgate::config;
 using tcp = asio::ip::tcp;
-using idemgate::http::use_nothrow;
+using idemgate::common::use_nothrow;
 using namespace std::chrono_literals;
 
 namespace {

@@ -26,6 +26,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "gateway/common/use_nothrow.hpp"
+
 namespace idemgate::test::ops {
 namespace {
 
@@ -33,7 +35,7 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = beast::http;
 using tcp = asio::ip::tcp;
-constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+using idemgate::common::use_nothrow;
 
 }  // namespace
 

@@ -18,13 +18,14 @@
 #include <string>
 #include <vector>
 
+#include "gateway/common/use_nothrow.hpp"
 #include "gateway/config/config.hpp"
 #include "storage/redis/redis_connection.hpp"
 #include "tests/support/polling.hpp"
 
 namespace idemgate::test {
 
-inline constexpr auto use_nothrow = boost::asio::as_tuple(boost::asio::use_awaitable);
+using idemgate::common::use_nothrow;
 
 /// hiredis writes with write(2): a write to a connection the server closed raises SIGPIPE.
 struct IgnoreSigpipe {

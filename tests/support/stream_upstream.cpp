@@ -53,6 +53,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gateway/common/use_nothrow.hpp"
 #include "tests/support/pattern_body.hpp"
 
 namespace {
@@ -65,7 +66,7 @@ namespace json = boost::json;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
-constexpr auto use_nothrow = asio::as_tuple(asio::use_awaitable);
+using idemgate::common::use_nothrow;
 constexpr std::size_t kPiece = 64 * 1024;
 
 /// Everything runs on one thread: plain counters.

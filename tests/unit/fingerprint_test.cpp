@@ -17,9 +17,9 @@
 #include <string>
 #include <string_view>
 
+#include "gateway/common/use_nothrow.hpp"
 #include "gateway/config/config.hpp"
 #include "gateway/http/body_reader.hpp"
-#include "gateway/http/use_nothrow.hpp"
 #include "gateway/request_identity.hpp"
 
 using namespace idemgate::core;
@@ -60,7 +60,7 @@ bhttp::request<bhttp::string_body> receive(std::string_view wire, std::size_t re
   beast::flat_buffer buffer;
   auto read = [&]() -> asio::awaitable<boost::system::error_code> {
     auto [ec, n] =
-        co_await bhttp::async_read_header(stream, buffer, parser, idemgate::http::use_nothrow);
+        co_await bhttp::async_read_header(stream, buffer, parser, idemgate::common::use_nothrow);
     if (ec) co_return ec;
     co_return co_await idemgate::http::async_read_body(stream, buffer, parser,
                                                        std::chrono::seconds(1));

@@ -91,15 +91,14 @@ BOOST_AUTO_TEST_CASE(spec_C02_forwarding_fields_without_prior_values_or_host) {
   BOOST_TEST(f["Via"] == "1.1 idemgate");
 }
 
-BOOST_AUTO_TEST_CASE(list_tokens_trims_and_drops_empty_elements) {
+BOOST_AUTO_TEST_CASE(has_token_reads_every_field_of_the_name_as_a_token_list) {
   http::Fields f;
-  f.insert("Cache-Control", " no-cache ,, max-age=0");
-  f.insert("X-Other", "x");
-  f.insert("cache-control", "private");
-  const std::vector<std::string> expected = {"no-cache", "max-age=0", "private"};
-  BOOST_TEST(http::list_tokens(f, "Cache-Control") == expected, boost::test_tools::per_element());
-  BOOST_TEST(http::has_token(f, "Cache-Control", "PRIVATE"));
-  BOOST_TEST(!http::has_token(f, "Cache-Control", "public"));
+  f.insert("Vary", " Accept ,, Accept-Encoding");
+  f.insert("X-Other", "Origin");
+  f.insert("vary", "origin");
+  BOOST_TEST(http::has_token(f, "Vary", "ORIGIN"));
+  BOOST_TEST(http::has_token(f, "Vary", "accept-encoding"));
+  BOOST_TEST(!http::has_token(f, "Vary", "Cookie"));
 }
 
 BOOST_AUTO_TEST_CASE(spec_C08_keep_alive_timeout_parameter_is_read) {
@@ -116,19 +115,6 @@ BOOST_AUTO_TEST_CASE(spec_C08_keep_alive_timeout_parameter_is_read) {
   http::Fields bad;
   bad.insert("Keep-Alive", "timeout=soon");
   BOOST_TEST(!http::keep_alive_timeout(bad).has_value());
-}
-
-BOOST_AUTO_TEST_CASE(host_without_port_handles_names_and_ipv6) {
-  BOOST_TEST(http::host_without_port("example.com:80") == "example.com");
-  BOOST_TEST(http::host_without_port("example.com") == "example.com");
-  BOOST_TEST(http::host_without_port("[::1]:8080") == "[::1]");
-  BOOST_TEST(http::host_without_port("[::1]") == "[::1]");
-}
-
-BOOST_AUTO_TEST_CASE(spec_C16_date_is_imf_fixdate) {
-  // 784111777 = Sun, 06 Nov 1994 08:49:37 GMT (the RFC 9110 example).
-  const auto t = std::chrono::system_clock::from_time_t(784111777);
-  BOOST_TEST(http::format_http_date(t) == "Sun, 06 Nov 1994 08:49:37 GMT");
 }
 
 BOOST_AUTO_TEST_CASE(spec_C33_problem_responses_carry_type_title_status_detail) {

@@ -18,12 +18,12 @@
 #include <thread>
 #include <vector>
 
-#include "gateway/http/json_log.hpp"
+#include "gateway/common/json_log.hpp"
 
 namespace json = boost::json;
-using idemgate::http::log_access;
-using idemgate::http::log_json;
-using idemgate::http::make_batched_logger;
+using idemgate::common::log_access;
+using idemgate::common::log_json;
+using idemgate::common::make_batched_logger;
 
 namespace {
 
@@ -113,7 +113,7 @@ BOOST_AUTO_TEST_CASE(spec_C32_access_line_is_byte_for_byte_the_log_json_line) {
   for (const std::string& route : {std::string("payments"), std::string(), kAwkward}) {
     Capture capture;
     log_json(spdlog::level::info, "access",
-             {{"time", idemgate::http::format_rfc3339(started)},
+             {{"time", idemgate::common::format_rfc3339(started)},
               {"route", route},
               {"method", "POST"},
               {"target", "/p?x=\"1\""},

@@ -1,5 +1,5 @@
 #pragma once
-// Structured log lines: every message the HTTP shell logs is one JSON object (SPEC C32), written
+// Structured log lines: every message the gateway logs is one JSON object (SPEC C32), written
 // through spdlog's default logger, which main points at stderr.
 
 #include <spdlog/common.h>
@@ -11,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-namespace idemgate::http {
+namespace idemgate::common {
 
 /// Logs `{"time", "level", "msg": msg, fields...}` as one JSON object on spdlog's default logger.
 /// A `time` field in `fields` (RFC 3339 text) replaces the current time; doubles are written with
@@ -53,4 +53,4 @@ std::unique_ptr<spdlog::formatter> make_json_formatter();
 /// `t` as an RFC 3339 UTC timestamp with milliseconds, e.g. `2026-01-31T12:00:00.123Z`.
 std::string format_rfc3339(std::chrono::system_clock::time_point t);
 
-}  // namespace idemgate::http
+}  // namespace idemgate::common

@@ -1,4 +1,4 @@
-#include "gateway/http/json_log.hpp"
+#include "gateway/common/json_log.hpp"
 
 #include <poll.h>
 #include <spdlog/formatter.h>
@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-namespace idemgate::http {
+namespace idemgate::common {
 
 namespace {
 
@@ -435,4 +435,4 @@ std::string format_rfc3339(std::chrono::system_clock::time_point t) {
   return fmt::to_string(out);
 }
 
-}  // namespace idemgate::http
+}  // namespace idemgate::common
