@@ -739,10 +739,10 @@ BOOST_AUTO_TEST_CASE(spec_C52_an_upgrade_past_max_tunnels_gets_503_and_is_not_fo
   const HttpResponse next = connection.request({"GET", "/stats", {{"Host", "tunnel.test"}}, ""});
   BOOST_TEST(next.status == 200u, describe(next));
   const std::string metrics = gateway.admin_get("/metrics").body;
-  BOOST_TEST(metric_value(metrics, "idemgate_requests_total",
-                               {{"route", "tunnel"}, {"outcome", "shed"}})
-                     .value_or(0) == 1.0,
-             metrics);
+  BOOST_TEST(
+      metric_value(metrics, "idemgate_requests_total", {{"route", "tunnel"}, {"outcome", "shed"}})
+              .value_or(0) == 1.0,
+      metrics);
 
   // Once a tunnel ends, an upgrade passes again.
   BOOST_TEST(!first->close());
