@@ -4,17 +4,9 @@
 #include <boost/url/parse.hpp>
 #include <cctype>
 
+#include "gateway/common/ows.hpp"
+
 namespace idemgate::common {
-namespace {
-
-std::string_view trim(std::string_view s) {
-  const auto ows = [](char c) { return c == ' ' || c == '\t'; };
-  while (!s.empty() && ows(s.front())) s.remove_prefix(1);
-  while (!s.empty() && ows(s.back())) s.remove_suffix(1);
-  return s;
-}
-
-}  // namespace
 
 HostPortParse parse_host_port(std::string_view text) {
   HostPortParse out;
@@ -67,7 +59,7 @@ std::string format_host_port(std::string_view host, std::uint16_t port) {
 }
 
 std::string_view authority_host(std::string_view authority) {
-  authority = trim(authority);
+  authority = trim_ows(authority);
   if (const auto parsed = boost::urls::parse_authority(authority);
       parsed && !parsed->has_userinfo()) {
     return parsed->encoded_host();

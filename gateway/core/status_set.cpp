@@ -3,6 +3,8 @@
 #include <cstddef>
 #include <string>
 
+#include "gateway/common/ows.hpp"
+
 namespace idemgate::core {
 
 namespace {
@@ -10,20 +12,10 @@ namespace {
 constexpr unsigned kMinStatus = 100;
 constexpr unsigned kMaxStatus = 599;
 
-bool is_space(char c) {
-  return c == ' ' || c == '\t';
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-  return s;
-}
-
 // Reads a three-digit status code; anything else is rejected so that "2xx" or "+200" never
 // silently become a different set.
 bool parse_code(std::string_view s, unsigned& out, std::string& error) {
-  s = trim(s);
+  s = common::trim_ows(s);
   if (s.empty()) {
     error = "expected a status code or a range like 200-299";
     return false;
@@ -63,13 +55,13 @@ StatusSet StatusSet::default_storable() {
 
 std::optional<StatusSet> StatusSet::parse(std::string_view text, std::string& error) {
   StatusSet set;
-  if (trim(text).empty()) {
+  if (common::trim_ows(text).empty()) {
     error = "the list is empty; expected codes and ranges like \"200-299,404\"";
     return std::nullopt;
   }
   while (true) {
     const std::size_t comma = text.find(',');
-    const std::string_view item = trim(text.substr(0, comma));
+    const std::string_view item = common::trim_ows(text.substr(0, comma));
     const std::size_t dash = item.find('-');
     unsigned lo = 0;
     unsigned hi = 0;

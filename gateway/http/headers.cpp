@@ -7,6 +7,8 @@
 #include <charconv>
 #include <vector>
 
+#include "gateway/common/ows.hpp"
+
 namespace idemgate::http {
 namespace {
 
@@ -16,13 +18,6 @@ constexpr std::string_view kHopByHop[] = {
     "Connection", "Keep-Alive",          "Proxy-Connection",   "TE", "Trailer", "Transfer-Encoding",
     "Upgrade",    "Proxy-Authorization", "Proxy-Authenticate",
 };
-
-std::string_view trim(std::string_view s) {
-  const auto ows = [](char c) { return c == ' ' || c == '\t'; };
-  while (!s.empty() && ows(s.front())) s.remove_prefix(1);
-  while (!s.empty() && ows(s.back())) s.remove_suffix(1);
-  return s;
-}
 
 }  // namespace
 
@@ -55,7 +50,7 @@ void append_to_list(Fields& fields, std::string_view name, std::string_view valu
   std::string joined;
   for (const auto& f : fields) {
     if (!boost::beast::iequals(f.name_string(), name)) continue;
-    const auto v = trim(f.value());
+    const auto v = common::trim_ows(f.value());
     if (v.empty()) continue;
     if (!joined.empty()) joined += ", ";
     joined += v;
