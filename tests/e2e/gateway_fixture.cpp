@@ -569,6 +569,7 @@ std::string GatewayConfig::render() const {
       << "    servers: " << yaml_list(u.servers, true) << "\n"
       << "    connect_timeout: " << u.connect_timeout << "\n"
       << "    request_timeout: " << u.request_timeout << "\n";
+    for (const auto& line : u.extra) y << "    " << line << "\n";
   }
   y << "routes:\n";
   if (!routes_yaml.empty()) {
