@@ -113,22 +113,20 @@ class RawClient {
     return run([&](auto done) { bhttp::async_read_header(socket_, buffer_, parser_, done); });
   }
 
-  /// Reads up to `size` body bytes into `data`; `got` tells how many. No error and
+  /// Reads up to `size` body bytes into `data`; `got` tells how many. Returns once `size` bytes
+  /// came or the body ended, or with `as_arrived` once any came. No error and
   /// parser().is_done(): the body is complete.
-  boost::system::error_code read_body(char* data, std::size_t size, std::size_t& got) {
+  boost::system::error_code read_body(char* data, std::size_t size, std::size_t& got,
+                                      bool as_arrived = false) {
     parser_.get().body().data = data;
     parser_.get().body().size = size;
-    auto ec = run([&](auto done) { bhttp::async_read(socket_, buffer_, parser_, done); });
-    if (ec == bhttp::error::need_buffer) ec = {};
-    got = size - parser_.get().body().size;
-    return ec;
-  }
-
-  /// Reads at least one body byte, as many as have arrived, up to `size`, into `data`.
-  boost::system::error_code read_body_some(char* data, std::size_t size, std::size_t& got) {
-    parser_.get().body().data = data;
-    parser_.get().body().size = size;
-    auto ec = run([&](auto done) { bhttp::async_read_some(socket_, buffer_, parser_, done); });
+    auto ec = run([&](auto done) {
+      if (as_arrived) {
+        bhttp::async_read_some(socket_, buffer_, parser_, done);
+      } else {
+        bhttp::async_read(socket_, buffer_, parser_, done);
+      }
+    });
     if (ec == bhttp::error::need_buffer) ec = {};
     got = size - parser_.get().body().size;
     return ec;
@@ -423,6 +421,15 @@ class WsClient {
   websocket::response_type response_;
   std::chrono::milliseconds timeout_;
 };
+
+/// The fields of a WebSocket upgrade request (RFC 6455 §4.1) to `host`.
+HeaderList websocket_upgrade(const std::string& host) {
+  return {{"Host", host},
+          {"Connection", "Upgrade"},
+          {"Upgrade", "websocket"},
+          {"Sec-WebSocket-Version", "13"},
+          {"Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}};
+}
 
 std::string pattern_text(std::size_t n, std::uint64_t offset = 0) {
   std::string s(n, '\0');
@@ -826,11 +833,7 @@ BOOST_AUTO_TEST_CASE(spec_C40_h2c_is_never_tunnelled_and_upgrade_is_stripped) {
 BOOST_AUTO_TEST_CASE(spec_C40_websocket_on_a_route_without_upgrade_is_not_tunnelled) {
   StreamUpstream upstream;
   Gateway gateway{stream_config(upstream, kDefaultLimits, true)};
-  const HeaderList upgrade = {{"Host", "no-upgrade.test"},
-                              {"Connection", "Upgrade"},
-                              {"Upgrade", "websocket"},
-                              {"Sec-WebSocket-Version", "13"},
-                              {"Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}};
+  const HeaderList upgrade = websocket_upgrade("no-upgrade.test");
   HttpConnection connection(kLoopback, gateway.port(), 10s);
   // The upstream answers a /ws request without an upgrade with 426: an ordinary response.
   const HttpResponse res = connection.request({"GET", "/ws", upgrade, ""});
@@ -1128,7 +1131,7 @@ BOOST_AUTO_TEST_CASE(spec_C47_a_response_streams_to_the_client_while_the_upload_
   std::string text(256, '\0');
   std::size_t got = 0;
   while (got == 0) {
-    BOOST_TEST_REQUIRE(!client.read_body_some(text.data(), text.size(), got),
+    BOOST_TEST_REQUIRE(!client.read_body(text.data(), text.size(), got, true),
                        gateway.diagnostics());
   }
   text.resize(got);
@@ -1136,7 +1139,7 @@ BOOST_AUTO_TEST_CASE(spec_C47_a_response_streams_to_the_client_while_the_upload_
   BOOST_TEST_REQUIRE(!upload_range(client, kPiece, total));
   std::string piece(4096, '\0');
   while (!client.parser().is_done()) {
-    const auto ec = client.read_body_some(piece.data(), piece.size(), got);
+    const auto ec = client.read_body(piece.data(), piece.size(), got, true);
     BOOST_TEST_REQUIRE(!ec, ec.message() << "\n" << gateway.diagnostics());
     text.append(piece.data(), got);
   }
@@ -1173,11 +1176,7 @@ BOOST_AUTO_TEST_CASE(spec_C47_a_keyed_early_413_is_relayed_committed_and_replaye
 BOOST_AUTO_TEST_CASE(spec_C40_a_101_that_does_not_switch_to_the_requested_protocol_is_502) {
   StreamUpstream upstream;
   Gateway gateway{stream_config(upstream, kDefaultLimits, true)};
-  const HeaderList upgrade = {{"Host", "tunnel.test"},
-                              {"Connection", "Upgrade"},
-                              {"Upgrade", "websocket"},
-                              {"Sec-WebSocket-Version", "13"},
-                              {"Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}};
+  const HeaderList upgrade = websocket_upgrade("tunnel.test");
   // A 101 naming another protocol, and one naming none (RFC 9110 §7.8).
   for (const std::string answer : {"h2c", ""}) {
     BOOST_TEST_CONTEXT("101 with Upgrade '" << answer << "'") {
@@ -1219,7 +1218,7 @@ BOOST_AUTO_TEST_CASE(spec_C48_a_client_that_leaves_closes_the_upstream_connectio
           BOOST_TEST_REQUIRE(client.parser().get().result_int() == 200u);
           char event[64];
           std::size_t got = 0;
-          while (got == 0) BOOST_TEST_REQUIRE(!client.read_body_some(event, sizeof event, got));
+          while (got == 0) BOOST_TEST_REQUIRE(!client.read_body(event, sizeof event, got, true));
           BOOST_TEST(std::string_view(event, got) == "data: hello\n\n");
         } else {
           BOOST_TEST_REQUIRE(upstream.wait_for_counter("sse_open", 1), gateway.diagnostics());
