@@ -236,6 +236,11 @@ asio::awaitable<error_code> pass_body(ByteStream up, beast::flat_buffer& ubuf,
   co_return ec;
 }
 
+/// How long an exchange runs, from the request's end, before the client's connection is watched
+/// (C48 allows 1 s for the close). A quick exchange ends without that read, which on a quiet
+/// connection would be one more recv per request that finds nothing.
+constexpr auto kWatchAfter = std::chrono::milliseconds(200);
+
 /// What the three tasks of one attempt share: the request goes up while the response comes down
 /// (C47), and the client's connection is watched once nothing else reads it (C48).
 struct Duplex {
@@ -246,14 +251,16 @@ struct Duplex {
   ByteStream up;
   beast::flat_buffer ubuf{2 * kMaxResponseHeaderBytes};
   std::unique_ptr<StreamResponseParser> rparser;
-  asio::steady_timer wake;      ///< never expires: cancelled to wake the tasks waiting below
-  asio::steady_timer deadline;  ///< request_timeout for the header, from the request's end
-  bool uploaded = false;        ///< the upload task is past the request (sent, or failed)
-  bool answered = false;        ///< the response header arrived, or reading it failed
-  bool ended = false;           ///< the download task ended: the others stop
-  bool timed_out = false;       ///< no response header within request_timeout
-  bool client_failed = false;   ///< reading the client's body failed: the upstream is cut
-  error_code write_error;       ///< writing to the upstream failed
+  asio::steady_timer wake;  ///< never expires: cancelled to wake the tasks waiting below
+  /// From the request's end: kWatchAfter, then request_timeout for the header.
+  asio::steady_timer deadline;
+  bool uploaded = false;       ///< the upload task is past the request (sent, or failed)
+  bool answered = false;       ///< the response header arrived, or reading it failed
+  bool ended = false;          ///< the download task ended: the others stop
+  bool timed_out = false;      ///< no response header within request_timeout
+  bool client_failed = false;  ///< reading the client's body failed: the upstream is cut
+  bool watching = false;       ///< the exchange outlasted kWatchAfter: the client is watched
+  error_code write_error;      ///< writing to the upstream failed
 };
 
 /// One relay() call: the request and what its attempts found.
@@ -333,23 +340,38 @@ asio::awaitable<void> upload(RelayState& x, Duplex& d) {
   // reading (C47), and the download finds out.
   d.write_error = wec;
   d.uploaded = true;
-  d.wake.cancel();
-  if (d.answered || d.ended) co_return;
-  d.deadline.expires_after(x.upstream.request_timeout);
-  auto [ec] = co_await d.deadline.async_wait(use_nothrow);
-  if (!ec && !d.answered && !d.ended) {
-    d.timed_out = true;
-    d.up.tcp().close();
+  // One timer: when the client's watch starts, and until when the header may take.
+  const auto now = Clock::now();
+  const auto watch_at = now + kWatchAfter;
+  const auto head_by =
+      now + std::chrono::duration_cast<Clock::duration>(x.upstream.request_timeout);
+  while (!d.ended && (!d.answered || !d.watching)) {
+    if (d.watching) {
+      d.deadline.expires_at(head_by);
+    } else {
+      d.deadline.expires_at(d.answered ? watch_at : std::min(watch_at, head_by));
+    }
+    co_await d.deadline.async_wait(use_nothrow);
+    if (d.ended) break;
+    if (!d.watching && Clock::now() >= watch_at) {
+      d.watching = true;
+      d.wake.cancel();
+    }
+    if (!d.answered && Clock::now() >= head_by) {
+      d.timed_out = true;
+      d.up.tcp().close();
+      break;
+    }
   }
 }
 
-/// Once the request is out and nobody reads the client, a read on its connection notices a
-/// close or a reset while the client waits for the response or while it streams (C48): the
-/// upstream connection is closed at once. Bytes that arrive instead (the next pipelined request)
-/// stay in the client's buffer for the session.
+/// Once the request is out and the exchange has lasted kWatchAfter, a read on the client's
+/// connection (which nothing else reads then) notices a close or a reset while the client waits
+/// for the response or while it streams (C48): the upstream connection is closed at once. Bytes
+/// that arrive instead (the next pipelined request) stay in the client's buffer for the session.
 asio::awaitable<void> watch(RelayState& x, Duplex& d) {
   constexpr std::size_t kWatchRead = 4096;
-  while (!d.uploaded && !d.ended) co_await d.wake.async_wait(use_nothrow);
+  while (!d.watching && !d.ended) co_await d.wake.async_wait(use_nothrow);
   auto& buffer = *x.in.client_buffer;
   if (d.ended || d.client_failed || buffer.size() > 0) co_return;
   const std::size_t room = std::min(kWatchRead, buffer.max_size() - buffer.size());
@@ -415,7 +437,7 @@ asio::awaitable<void> download(RelayState& x, Duplex& d) {
   const ResponseHead got =
       co_await read_response_head(d.up, d.ubuf, d.rparser, x.in.head, x.in.websocket);
   d.answered = true;
-  d.deadline.cancel();
+  if (d.watching) d.deadline.cancel();  // else it wakes for the watch and finds the header
   const std::string where = "upstream " + x.upstream.name + " (" + x.server + ")";
   if (got.error) {
     x.timed_out =
