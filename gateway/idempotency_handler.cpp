@@ -53,6 +53,7 @@ core::UpstreamReply to_reply(http::ForwardResult result) {
       return reply;
   }
   auto& res = result.response;
+  reply.response.body_omitted = result.tail != nullptr;  // passed on, never held (C39)
   reply.response.status = static_cast<std::uint16_t>(res.result_int());
   for (const auto& field : res) {
     if (kept_in_record(field.name_string())) {
@@ -116,8 +117,10 @@ IdempotencyHandler::IdempotencyHandler(http::Forwarder& forwarder, core::RecordS
 asio::awaitable<http::HandlerResult> IdempotencyHandler::pass_through(http::Exchange exchange,
                                                                       const char* outcome) {
   http::ForwardResult fwd =
-      co_await forwarder_.forward(*exchange.upstream, std::move(exchange.request));
+      co_await forwarder_.forward(*exchange.upstream, std::move(exchange.request),
+                                  exchange.route->idempotency.max_stored_response);
   http::HandlerResult result;
+  result.tail = std::move(fwd.tail);
   result.outcome = fwd.kind == http::ForwardResult::Kind::response ? outcome : "upstream_error";
   result.upstream_time = fwd.upstream_time;
   result.response = http::forward_result_response(std::move(fwd));
@@ -232,11 +235,18 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
 
   // The request and its upstream live in a shared state owned by the filter's coroutine, which
   // runs on its own: the session going away does not cancel it (C34).
+  // A body past max_stored_response is not held: its tail waits here until the record is
+  // committed, then goes to the client as it arrives (C39).
   auto shared = std::make_shared<http::Exchange>(std::move(exchange));
+  auto tail = std::make_shared<std::shared_ptr<http::ResponseTail>>();
   http::Forwarder* forwarder = &forwarder_;
-  core::IdempotencyFilter::Forward forward = [shared,
+  core::IdempotencyFilter::Forward forward = [shared, tail,
                                               forwarder]() -> asio::awaitable<core::UpstreamReply> {
-    co_return to_reply(co_await forwarder->forward(*shared->upstream, std::move(shared->request)));
+    http::ForwardResult fwd =
+        co_await forwarder->forward(*shared->upstream, std::move(shared->request),
+                                    shared->route->idempotency.max_stored_response);
+    *tail = fwd.tail;
+    co_return to_reply(std::move(fwd));
   };
   const core::RoutePolicy policy = route_policy(idem);
   core::FilterResult decision =
@@ -251,10 +261,12 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
     case core::Outcome::executed:
     case core::Outcome::not_stored:
       result.response = to_response(std::move(decision.response));
+      result.tail = std::move(*tail);
       break;
     case core::Outcome::unprotected:
       result.response = to_response(std::move(decision.response));
       result.response.set(kStatusField, "unprotected");
+      result.tail = std::move(*tail);
       break;
     case core::Outcome::replayed: {
       const bool omitted = decision.response.body_omitted;

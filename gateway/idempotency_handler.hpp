@@ -30,7 +30,9 @@ inline constexpr const char* kStatusField = "Idempotency-Status";
 /// On a route with `cors`, a CORS preflight is answered here (204, C57) and never forwarded;
 /// `OPTIONS` is never keyed.
 /// The filter runs as its own coroutine, so a client that goes away does not cancel the upstream
-/// call or the record write (C34).
+/// call or the record write (C34). A response body longer than the route's `max_stored_response`
+/// is not held: the record is committed without it, then the body goes to the client as it
+/// arrives (HandlerResult::tail, C39).
 class IdempotencyHandler final : public http::RequestHandler {
  public:
   /// `budget`: the process's commit queue bound (C54, shared by the threads); null: none.

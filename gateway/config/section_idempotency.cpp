@@ -66,8 +66,10 @@ const KeyTable<Idempotency>& idempotency_keys() {
           "codes and inclusive ranges, 100–599, comma-separated, spaces allowed; not "
           "empty",
           "C21", "statuses whose responses are stored"),
-      size_key("max_stored_response", &Idempotency::max_stored_response, d, 0, 256 * MiB, "C29",
-               "bytes of body; 0 = always store without body"),
+      size_key("max_stored_response", &Idempotency::max_stored_response, d, 0, 256 * MiB,
+               "C29, C39",
+               "bytes of body held and stored; a longer answer is committed without its body, "
+               "then streamed to the client; 0 = always store without body"),
       enum_key<Idempotency, UnknownOutcome>(
           "on_unknown_outcome", &Idempotency::on_unknown_outcome, d,
           {{"hold", UnknownOutcome::hold}, {"release", UnknownOutcome::release}}, "C22",

@@ -22,7 +22,8 @@ const KeyTable<Upstream>& upstream_keys() {
       duration_key("idle_timeout", &Upstream::idle_timeout, d, 10ms, 1h, "C08",
                    "keep it below the upstream's keep-alive"),
       size_key("max_response_body", &Upstream::max_response_body, d, 1, 4 * GiB, "",
-               "the largest response the gateway holds (keyed requests)"),
+               "the largest response body the gateway holds (a keyed answer up to the route's "
+               "`max_stored_response`); a longer held one → 502"),
       boolean_key("tls", &Upstream::tls, d, "", "TLS 1.2+ to every server of the upstream"),
       custom_key<Upstream>("tls_ca_file", "file (PEM)", "none: the system trust store",
                            "needs `tls: true`", "",

@@ -41,8 +41,13 @@ std::chrono::milliseconds jittered(std::chrono::milliseconds d) {
   return std::chrono::milliseconds(pick(random));
 }
 
-/// The record that stores `response` for `request`; its body is left out past
-/// max_stored_response (C29).
+/// Whether the record of `response` keeps its body: not past max_stored_response (C29), nor when
+/// the body was never held (C39: passed on to the client as it arrived).
+bool stores_body(const StoredResponse& response, const RoutePolicy& policy) {
+  return !response.body_omitted && response.body.size() <= policy.max_stored_response;
+}
+
+/// The record that stores `response` for `request`; its body is left out unless stores_body().
 StoredRecord record_of(const KeyedRequest& request, const StoredResponse& response,
                        const RoutePolicy& policy) {
   StoredRecord record;
@@ -51,10 +56,10 @@ StoredRecord record_of(const KeyedRequest& request, const StoredResponse& respon
   record.fingerprint = request.fingerprint;
   record.response.status = response.status;
   record.response.headers = response.headers;
-  if (response.body.size() > policy.max_stored_response) {
-    record.response.body_omitted = true;
-  } else {
+  if (stores_body(response, policy)) {
     record.response.body = response.body;
+  } else {
+    record.response.body_omitted = true;
   }
   return record;
 }
@@ -465,9 +470,9 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
     replay.upstream_time = upstream_time;
     co_return replay;
   }
-  // The marker carries the record's stored form: without the body past max_stored_response.
+  // The marker carries the record's stored form: without the body unless stores_body().
   std::optional<std::string> marker;
-  if (result.response.body.size() > policy.max_stored_response) {
+  if (!stores_body(result.response, policy)) {
     StoredResponse stored{result.response.status, result.response.headers, {}, true};
     marker = marker_for(policy, request.fingerprint, stored);
   } else {

@@ -52,7 +52,9 @@ struct RoutePolicy {
 struct UpstreamReply {
   enum class Kind { response, not_reached, unknown_outcome, timed_out };
   Kind kind = Kind::not_reached;
-  StoredResponse response;  ///< Kind::response: end-to-end fields and the whole body
+  /// Kind::response: end-to-end fields and the whole body; or, with `body_omitted`, a response
+  /// whose body was not held but passed on to the client (C39): stored without body.
+  StoredResponse response;
   std::string detail;
 };
 

@@ -18,7 +18,7 @@ struct StoredResponse {
   std::uint16_t status = 0;
   std::vector<HeaderField> headers;  ///< end-to-end fields only, in order, repeats kept
   std::string body;                  ///< decoded body bytes; empty when body_omitted
-  bool body_omitted = false;         ///< body was over max_stored_response (C29)
+  bool body_omitted = false;         ///< body was over max_stored_response (C29, C39)
 };
 
 /// A durable record of a completed request (one row of `idempotency_record`).

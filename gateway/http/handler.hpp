@@ -8,7 +8,9 @@
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <chrono>
+#include <cstddef>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -21,6 +23,10 @@ namespace idemgate::http {
 using Request = boost::beast::http::request<boost::beast::http::string_body>;
 using Response = boost::beast::http::response<boost::beast::http::string_body>;
 
+/// The body of an upstream response that is not held but passed on (SPEC C39); defined in
+/// gateway/http/upstream_pool.hpp.
+struct ResponseTail;
+
 /// What an upstream exchange ended with (SPEC C05, C08, C21, C22).
 struct ForwardResult {
   enum class Kind {
@@ -31,6 +37,9 @@ struct ForwardResult {
   };
   Kind kind = Kind::not_reached;
   Response response;
+  /// Kind::response whose body passed the hold limit: `response` has the header only (no
+  /// Content-Length) and the body is still to be read from here (SPEC C39).
+  std::shared_ptr<ResponseTail> tail{};
   std::string detail;  ///< one sentence for logs and problem details when kind != response
   std::chrono::microseconds upstream_time{0};
 };
@@ -52,19 +61,29 @@ struct HandlerResult {
   std::string outcome;   ///< SPEC C31 outcome label: passthrough, executed, replayed, …
   std::string key_hash;  ///< hex of the record id, empty when no key was involved
   std::chrono::microseconds upstream_time{0};
+  /// Set when the response's body is still on the upstream connection (SPEC C39): the session
+  /// writes `response`'s header, framed for that body, then passes the body on as it arrives.
+  std::shared_ptr<ResponseTail> tail{};
   /// The handler has set every field it owns on `response` (e.g. a CORS preflight answer):
   /// the session does not call RequestHandler::add_route_fields for it.
   bool route_fields_set = false;
 };
+
+/// A Forwarder::forward() hold limit under which every body is held whole (up to the upstream's
+/// `max_response_body`).
+inline constexpr std::size_t kHoldWhole = std::numeric_limits<std::size_t>::max();
 
 /// Forwards requests to upstream servers over pooled keep-alive connections. One per io thread.
 class Forwarder {
  public:
   virtual ~Forwarder() = default;
   /// Sends `request` to one of `upstream`'s servers and reads the response within the
-  /// upstream's timeouts. Never throws for network errors; see ForwardResult::Kind.
+  /// upstream's timeouts. A response body longer than `hold_limit` bytes is not read whole:
+  /// the result carries its header and a ResponseTail (SPEC C39). Never throws for network
+  /// errors; see ForwardResult::Kind.
   virtual boost::asio::awaitable<ForwardResult> forward(const config::Upstream& upstream,
-                                                        Request request) = 0;
+                                                        Request request,
+                                                        std::size_t hold_limit) = 0;
 };
 
 class UpstreamPool;

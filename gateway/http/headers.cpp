@@ -31,6 +31,21 @@ bool has_token(const Fields& fields, std::string_view name, std::string_view tok
   return false;
 }
 
+bool upgrade_names(const Fields& fields, std::string_view protocol) {
+  for (const auto& f : fields) {
+    if (f.name() != bhttp::field::upgrade) continue;
+    std::string_view rest = f.value();
+    for (;;) {
+      const auto comma = rest.find(',');
+      const auto entry = trim(rest.substr(0, comma));
+      if (boost::beast::iequals(trim(entry.substr(0, entry.find('/'))), protocol)) return true;
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 1);
+    }
+  }
+  return false;
+}
+
 void strip_hop_by_hop(Fields& fields) {
   // Fields named by Connection go first: the Connection field itself is among kHopByHop. Host
   // is exempt: a client naming it would otherwise make the forwarded request invalid (C02 keeps

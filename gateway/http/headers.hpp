@@ -35,6 +35,11 @@ void add_forwarding_fields(Fields& fields, std::string_view client_ip, std::stri
 /// `token` (case-insensitive). A list that stops being valid yields its tokens up to there.
 bool has_token(const Fields& fields, std::string_view name, std::string_view token);
 
+/// True when some `Upgrade` field lists `protocol` (a protocol-name, compared case-insensitively
+/// and without any `/version`; RFC 9110 §7.8). A `101` must name the protocol the client asked
+/// for (SPEC C40).
+bool upgrade_names(const Fields& fields, std::string_view protocol);
+
 /// The `timeout=N` parameter of a `Keep-Alive` field (seconds), if any (C08).
 std::optional<std::chrono::seconds> keep_alive_timeout(const Fields& fields);
 

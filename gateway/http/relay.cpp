@@ -10,6 +10,7 @@
 #include <boost/beast/http/serializer.hpp>
 #include <boost/beast/http/write.hpp>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "gateway/common/host_port.hpp"
@@ -31,14 +32,6 @@ using boost::system::error_code;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-using StreamResponseParser = bhttp::response_parser<bhttp::buffer_body>;
-
-bool closed_before_answer(const error_code& ec) {
-  return ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
-         ec == asio::error::connection_reset || ec == asio::error::broken_pipe ||
-         ec == asio::error::connection_aborted;
-}
 
 std::string server_text(const config::Server& server) {
   return common::format_host_port(server.host, server.port);
@@ -189,7 +182,379 @@ asio::awaitable<error_code> flush_leftover(beast::flat_buffer& buffer, ByteStrea
   co_return ec;
 }
 
+/// The first reason an exchange was cut wins: what follows it (a read aborted by the close) only
+/// echoes it.
+void note_cut(RelayOutcome& out, std::string reason) {
+  if (out.cut.empty()) out.cut = std::move(reason);
+}
+
+/// A response header for the client, framed for a body streamed from the upstream (C03): the
+/// upstream's Content-Length when it has one (for HEAD, what a GET would return), none for a
+/// status without body, otherwise chunked to HTTP/1.1 and delimited by the connection's close to
+/// HTTP/1.0. Returns whether the connection may carry the next request.
+bool frame_streamed(bhttp::response<bhttp::buffer_body>& res, const StreamResponseParser& from,
+                    bool head, bool keep_alive) {
+  if (!status_has_body(res.result_int())) {
+    res.erase(bhttp::field::content_length);
+  } else if (const auto length = from.content_length(); length || head) {
+    if (length) res.content_length(*length);
+  } else if (res.version() >= 11) {
+    res.chunked(true);
+  } else {
+    keep_alive = false;  // HTTP/1.0: the body ends with the connection (C03)
+  }
+  res.keep_alive(keep_alive);
+  return keep_alive;
+}
+
+/// Writes the header `rs` serializes, then `prefix` (body bytes read already), then the rest of
+/// the body from `up` as it arrives, one `down` buffer at a time (C38, C39). Each client write
+/// must progress within `client_idle`, each upstream read within `up_idle`. On failure, `cut`
+/// says why.
+asio::awaitable<error_code> pass_body(ByteStream up, beast::flat_buffer& ubuf,
+                                      StreamResponseParser& rparser,
+                                      bhttp::response_serializer<bhttp::buffer_body>& rs,
+                                      ByteStream client, std::string& prefix, StreamBuffer& down,
+                                      config::Duration up_idle, config::Duration client_idle,
+                                      std::string_view upstream_name, RelayOutcome& out) {
+  auto& body = rparser.get().body();
+  body.data = prefix.empty() ? nullptr : prefix.data();
+  body.size = prefix.size();
+  body.more = !rparser.is_done();
+  auto ec = co_await write_piece(client, rs, client_idle);  // the header first (C38)
+  while (!ec && !rs.is_done()) {
+    if (const auto rec =
+            co_await read_body_piece(up, ubuf, rparser, down.data(), down.size(), up_idle)) {
+      note_cut(out, "upstream " + std::string(upstream_name) +
+                        ": reading the response body failed: " + rec.message());
+      co_return rec;
+    }
+    to_write(rparser.get(), down.data(), down.size(), rparser.is_done());
+    ec = co_await write_piece(client, rs, client_idle);
+  }
+  if (ec) note_cut(out, "writing the response failed: " + ec.message());
+  co_return ec;
+}
+
+/// How long an exchange runs, from the request's end, before the client's connection is watched
+/// (C48 allows 1 s for the close). A quick exchange ends without that read, which on a quiet
+/// connection would be one more recv per request that finds nothing.
+constexpr auto kWatchAfter = std::chrono::milliseconds(200);
+
+/// What the three tasks of one attempt share: the request goes up while the response comes down
+/// (C47), and the client's connection is watched once nothing else reads it (C48).
+struct Duplex {
+  Duplex(const asio::any_io_executor& executor, ByteStream upstream)
+      : up(upstream), wake(executor), deadline(executor) {
+    wake.expires_at(Clock::time_point::max());
+  }
+  ByteStream up;
+  beast::flat_buffer ubuf{2 * kMaxResponseHeaderBytes};
+  std::unique_ptr<StreamResponseParser> rparser;
+  asio::steady_timer wake;  ///< never expires: cancelled to wake the tasks waiting below
+  /// From the request's end: kWatchAfter, then request_timeout for the header.
+  asio::steady_timer deadline;
+  bool uploaded = false;       ///< the upload task is past the request (sent, or failed)
+  bool answered = false;       ///< the response header arrived, or reading it failed
+  bool ended = false;          ///< the download task ended: the others stop
+  bool timed_out = false;      ///< no response header within request_timeout
+  bool client_failed = false;  ///< reading the client's body failed: the upstream is cut
+  bool watching = false;       ///< the exchange outlasted kWatchAfter: the client is watched
+  error_code write_error;      ///< writing to the upstream failed
+};
+
+/// One relay() call: the request and what its attempts found.
+struct RelayState {
+  RelayState(RelayRequest& request, RelayOutcome& outcome, StreamRequestParser& request_parser,
+             StreamBuffer& buffer, const config::Upstream& to)
+      : in(request), out(outcome), parser(request_parser), up_buffer(buffer), upstream(to) {}
+  RelayRequest& in;
+  RelayOutcome& out;
+  StreamRequestParser& parser;
+  StreamBuffer& up_buffer;
+  const config::Upstream& upstream;
+  std::size_t held = 0;   ///< a retryable request's body, read whole into up_buffer
+  bool retryable = true;  ///< the request may go out again on a fresh connection (C08)
+  std::string server;     ///< the upstream server of the current attempt
+  std::string failure;    ///< why there is no response (→ 502/504)
+  bool stale = false;     ///< closed before answering: a retryable request may go again (C08)
+  bool timed_out = false;
+  bool tunnel = false;    ///< a 101 to a WebSocket request arrived: the tunnel follows
+  bool reusable = false;  ///< the upstream connection may go back to the pool
+  std::optional<std::chrono::seconds> upstream_keep_alive;
+};
+
+/// The download ended: wake the other tasks, stop the header deadline and any client read (the
+/// upload's or the watch's; nothing writes to the client any more).
+void end_exchange(RelayState& x, Duplex& d) {
+  d.ended = true;
+  d.deadline.cancel();
+  d.wake.cancel();
+  x.in.client.tcp().cancel();
+}
+
+/// The request to the upstream: the header with a held body, or the header and then the body
+/// as it arrives (C38); then, once it is all out, the request_timeout for the response header.
+asio::awaitable<void> upload(RelayState& x, Duplex& d) {
+  auto& in = x.in;
+  const config::Limits& limits = *in.limits;
+  auto& req = x.parser.get();
+  bhttp::request_serializer<bhttp::buffer_body> sr{req};
+  error_code wec;
+  if (x.retryable) {
+    req.body().data = x.held == 0 ? nullptr : x.up_buffer.data();
+    req.body().size = x.held;
+    req.body().more = false;
+    d.up.tcp().expires_after(x.upstream.request_timeout);
+    auto [ec, n] = co_await bhttp::async_write(d.up, sr, use_nothrow);
+    wec = ec;
+  } else {
+    d.up.tcp().expires_after(x.upstream.idle_timeout);
+    auto [ec, n] = co_await bhttp::async_write_header(d.up, sr, use_nothrow);
+    wec = ec;
+    while (!wec && !sr.is_done() && !d.ended) {
+      const auto rec =
+          co_await read_body_piece(in.client, *in.client_buffer, x.parser, x.up_buffer.data(),
+                                   x.up_buffer.size(), limits.idle_timeout);
+      if (d.ended) break;  // answered in full: the rest of the body is not read (C47)
+      if (rec) {
+        // The client failed, stalled, left or passed max_streamed_body: the upstream has a
+        // partial request, so both connections end (C38, C48).
+        x.out.request_error = rec;
+        x.out.client_closed = closed_before_answer(rec) || rec == bhttp::error::partial_message;
+        note_cut(x.out, rec == bhttp::error::body_limit
+                            ? "the request body exceeds max_streamed_body (" +
+                                  std::to_string(limits.max_streamed_body) + " bytes)"
+                            : "reading the request body failed: " + rec.message());
+        d.client_failed = true;
+        d.uploaded = true;
+        d.wake.cancel();
+        d.up.tcp().close();
+        co_return;
+      }
+      to_write(req, x.up_buffer.data(), x.up_buffer.size(), x.parser.is_done());
+      wec = co_await write_piece(d.up, sr, x.upstream.idle_timeout);
+    }
+  }
+  // A failed write ends nothing by itself: the upstream may have answered before it stopped
+  // reading (C47), and the download finds out.
+  d.write_error = wec;
+  d.uploaded = true;
+  // One timer: when the client's watch starts, and until when the header may take.
+  const auto now = Clock::now();
+  const auto watch_at = now + kWatchAfter;
+  const auto head_by =
+      now + std::chrono::duration_cast<Clock::duration>(x.upstream.request_timeout);
+  while (!d.ended && (!d.answered || !d.watching)) {
+    if (d.watching) {
+      d.deadline.expires_at(head_by);
+    } else {
+      d.deadline.expires_at(d.answered ? watch_at : std::min(watch_at, head_by));
+    }
+    co_await d.deadline.async_wait(use_nothrow);
+    if (d.ended) break;
+    if (!d.watching && Clock::now() >= watch_at) {
+      d.watching = true;
+      d.wake.cancel();
+    }
+    if (!d.answered && Clock::now() >= head_by) {
+      d.timed_out = true;
+      d.up.tcp().close();
+      break;
+    }
+  }
+}
+
+/// Once the request is out and the exchange has lasted kWatchAfter, a read on the client's
+/// connection (which nothing else reads then) notices a close or a reset while the client waits
+/// for the response or while it streams (C48): the upstream connection is closed at once. Bytes
+/// that arrive instead (the next pipelined request) stay in the client's buffer for the session.
+asio::awaitable<void> watch(RelayState& x, Duplex& d) {
+  constexpr std::size_t kWatchRead = 4096;
+  while (!d.watching && !d.ended) co_await d.wake.async_wait(use_nothrow);
+  auto& buffer = *x.in.client_buffer;
+  if (d.ended || d.client_failed || buffer.size() > 0) co_return;
+  const std::size_t room = std::min(kWatchRead, buffer.max_size() - buffer.size());
+  if (room == 0) co_return;
+  x.in.client.tcp().expires_never();
+  auto [ec, n] = co_await x.in.client.async_read_some(buffer.prepare(room), use_nothrow);
+  buffer.commit(n);
+  if (!ec || d.ended) co_return;
+  x.out.client_closed = true;
+  note_cut(x.out, ec == asio::error::eof ? "the client closed the connection"
+                                         : "the client connection failed: " + ec.message());
+  d.up.tcp().close();
+  x.in.client.tcp().close();
+}
+
+/// The response header arrived: relay it and its body to the client (C38).
+asio::awaitable<void> respond(RelayState& x, Duplex& d) {
+  auto& in = x.in;
+  auto& out = x.out;
+  const config::Limits& limits = *in.limits;
+  StreamResponseParser& rparser = *d.rparser;
+  auto& res = rparser.get();
+  out.status = res.result_int();
+  out.outcome = "passthrough";
+  x.upstream_keep_alive = keep_alive_timeout(res.base());
+  const bool upstream_reusable = rparser.keep_alive();
+  const bool delimited =
+      rparser.content_length() || rparser.chunked() || !status_has_body(out.status) || in.head;
+
+  // The header as the client gets it.
+  strip_hop_by_hop(res.base());
+  in.handler->strip_owned_fields(res.base());
+  if (in.route) in.handler->add_route_fields(*in.route, in.origin, res.base());
+  res.version(in.client_version);
+  res.set(bhttp::field::date, common::http_date_now());
+  append_to_list(res.base(), "Via", kViaEntry);
+  if (!in.request_id.empty()) res.set(in.request_id_header, in.request_id);
+  // An answer that comes before the request body has all arrived closes the connection after
+  // it: the rest of the body may never be read (C47).
+  out.keep_alive =
+      frame_streamed(res, rparser, in.head, in.client_keep_alive && x.parser.is_done());
+
+  StreamBuffer down(limits.stream_buffer);
+  bhttp::response_serializer<bhttp::buffer_body> rs{res};
+  std::string no_prefix;
+  const auto ec =
+      co_await pass_body(d.up, d.ubuf, rparser, rs, in.client, no_prefix, down,
+                         x.upstream.idle_timeout, limits.idle_timeout, x.upstream.name, out);
+  if (ec) {
+    out.keep_alive = false;
+    in.client.tcp().close();
+    co_return;  // the lease goes: the upstream connection closes with it
+  }
+  out.written = true;
+  x.reusable = upstream_reusable && delimited && d.ubuf.size() == 0 && d.uploaded && !d.write_error;
+  if (!d.uploaded) d.up.tcp().close();  // answered before the whole request went out (C47)
+}
+
+/// The response: its header (interim ones dropped; a 101 only to a WebSocket request, C40),
+/// then the response itself, or why there is none.
+asio::awaitable<void> download(RelayState& x, Duplex& d) {
+  d.up.tcp().expires_never();  // the upload sets the header's deadline once the request is out
+  const ResponseHead got =
+      co_await read_response_head(d.up, d.ubuf, d.rparser, x.in.head, x.in.websocket);
+  d.answered = true;
+  if (d.watching) d.deadline.cancel();  // else it wakes for the watch and finds the header
+  const std::string where = "upstream " + x.upstream.name + " (" + x.server + ")";
+  if (got.error) {
+    x.timed_out =
+        d.timed_out || got.error == beast::error::timeout || d.write_error == beast::error::timeout;
+    x.stale = !got.got_bytes && !x.timed_out && closed_before_answer(got.error);
+    if (x.timed_out) {
+      x.failure = where + " gave no response header within request_timeout";
+    } else if (d.write_error && !got.got_bytes) {
+      x.failure = where + ": writing the request failed: " + d.write_error.message();
+    } else {
+      x.failure = where + ": reading the response header failed: " + got.error.message();
+    }
+  } else if (!got.refused.empty()) {
+    x.failure = where + ": " + got.refused;
+  } else if (d.rparser->get().result_int() == 101 &&
+             !upgrade_names(d.rparser->get().base(), "websocket")) {
+    // RFC 9110 §7.8: the server switches to a protocol the client listed, and says which.
+    x.failure = where + ": the upstream switched protocols to '" +
+                std::string(d.rparser->get()[bhttp::field::upgrade]) +
+                "', not the websocket the client asked for";
+  } else if (d.rparser->get().result_int() == 101) {
+    x.tunnel = true;
+  } else {
+    co_await respond(x, d);
+  }
+  if (!x.failure.empty()) d.up.tcp().close();
+  end_exchange(x, d);
+}
+
+/// C40: the upgrade is confirmed; relays the 101 with its Upgrade, then bytes both ways until a
+/// side closes, a read or write fails, or nothing moved for `limits.tunnel_idle_timeout`.
+asio::awaitable<void> tunnel(RelayState& x, Duplex& d) {
+  using namespace asio::experimental::awaitable_operators;
+  auto& in = x.in;
+  auto& out = x.out;
+  const config::Limits& limits = *in.limits;
+  ByteStream up = d.up;
+  auto& res = d.rparser->get();
+  out.status = 101;
+  out.outcome = "passthrough";
+  const std::string protocol(res[bhttp::field::upgrade]);
+  strip_hop_by_hop(res.base());
+  in.handler->strip_owned_fields(res.base());
+  res.version(11);
+  res.set(bhttp::field::connection, "upgrade");
+  res.set(bhttp::field::upgrade, protocol);
+  res.set(bhttp::field::date, common::http_date_now());
+  append_to_list(res.base(), "Via", kViaEntry);
+  if (!in.request_id.empty()) res.set(in.request_id_header, in.request_id);
+  res.body().data = nullptr;
+  res.body().size = 0;
+  res.body().more = false;
+  bhttp::response_serializer<bhttp::buffer_body> rs{res};
+  in.client.tcp().expires_after(limits.idle_timeout);
+  auto [wec, wn] = co_await bhttp::async_write_header(in.client, rs, use_nothrow);
+  if (wec) {
+    out.cut = "writing the 101 failed: " + wec.message();
+    co_return;
+  }
+  out.outcome = "tunnel";
+  out.tunnel = true;
+  if (in.tunnel_observer) in.tunnel_observer(true);
+  // The per-direction buffers of a tunnel; the upstream's read buffer may still hold bytes
+  // of the new protocol that came with the 101.
+  std::uint64_t in_bytes = 0;
+  std::uint64_t out_bytes = 0;
+  const auto e1 =
+      co_await flush_leftover(*in.client_buffer, up, limits.tunnel_idle_timeout, in_bytes);
+  const auto e2 =
+      e1 ? e1 : co_await flush_leftover(d.ubuf, in.client, limits.tunnel_idle_timeout, out_bytes);
+  TunnelState state(in.client.get_executor());
+  if (!e1 && !e2) {
+    StreamBuffer down_buffer(limits.stream_buffer);
+    co_await (
+        pump(in.client, up, x.up_buffer, state, in_bytes, "client", limits.tunnel_idle_timeout) &&
+        pump(up, in.client, down_buffer, state, out_bytes, "upstream",
+             limits.tunnel_idle_timeout) &&
+        watchdog(state, limits.tunnel_idle_timeout, in.client, up));
+  } else {
+    state.ended_by = "writing failed: " + (e1 ? e1 : e2).message();
+    in.client.tcp().close();
+    up.tcp().close();
+  }
+  if (in.tunnel_observer) in.tunnel_observer(false);
+  out.bytes_in = in_bytes;
+  out.bytes_out = out_bytes;
+  out.written = !state.idle;
+  out.client_closed = state.ended_by.rfind("client", 0) == 0;
+  if (state.idle) out.cut = "nothing moved for tunnel_idle_timeout";
+  out.keep_alive = false;
+}
+
 }  // namespace
+
+asio::awaitable<TailOutcome> send_tail(ByteStream client, const bhttp::response_header<>& header,
+                                       ResponseTail& tail, const config::Limits& limits) {
+  TailOutcome out;
+  auto& res = tail.parser->get();
+  res.base() = header;
+  res.erase(bhttp::field::content_length);
+  out.keep_alive = frame_streamed(res, *tail.parser, false, res.keep_alive());
+  StreamBuffer down(limits.stream_buffer);
+  bhttp::response_serializer<bhttp::buffer_body> rs{res};
+  RelayOutcome cut;
+  const auto ec =
+      co_await pass_body(tail.stream(), tail.buffer, *tail.parser, rs, client, tail.prefix, down,
+                         tail.idle_timeout(), limits.idle_timeout, tail.upstream_name(), cut);
+  if (ec) {
+    out.keep_alive = false;
+    out.cut = std::move(cut.cut);
+    client.tcp().close();
+    co_return out;
+  }
+  out.written = true;
+  tail.finish();
+  co_return out;
+}
 
 asio::awaitable<RelayOutcome> relay(RelayRequest in) {
   using namespace asio::experimental::awaitable_operators;
@@ -215,268 +580,79 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
   }
   if (chunked_in) req.chunked(true);
 
+  RelayState x{in, out, parser, up_buffer, upstream};
   // A short body of known length is read first: it can be sent again after a stale pooled
   // connection (C08). Longer and chunked bodies go out as they arrive.
-  bool retryable = true;
-  std::size_t held = 0;
   if (has_body && !chunked_in && parser.content_length() && *parser.content_length() <= piece) {
     while (!parser.is_done()) {
-      const std::size_t room = piece - held;
-      const auto ec = co_await read_body_piece(in.client, *in.client_buffer, parser,
-                                               up_buffer.data() + held, room, limits.idle_timeout);
+      const std::size_t room = piece - x.held;
+      const auto ec =
+          co_await read_body_piece(in.client, *in.client_buffer, parser, up_buffer.data() + x.held,
+                                   room, limits.idle_timeout);
       if (ec) {
         out.cut = "reading the request body failed: " + ec.message();
         out.request_error = ec;
+        out.client_closed = closed_before_answer(ec) || ec == bhttp::error::partial_message;
         out.outcome = "passthrough";
         co_return out;
       }
-      held += room - req.body().size;
+      x.held += room - req.body().size;
     }
   } else if (has_body) {
-    retryable = false;
+    x.retryable = false;
   }
 
   std::optional<UpstreamPool::Lease> lease;
-  std::optional<StreamResponseParser> rparser;
-  beast::flat_buffer ubuf{2 * kMaxResponseHeaderBytes};
-  std::string failure;
-  bool timed_out = false;
+  std::optional<Duplex> d;
   bool reached = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (attempt == 0) {
-      lease.emplace(co_await in.pool->lease(upstream, retryable));
+      lease.emplace(co_await in.pool->lease(upstream, x.retryable));
     } else {
       lease.emplace(co_await in.pool->reconnect(upstream, lease->server));
     }
     if (!lease->connection) {
-      failure = lease->detail;
+      x.failure = lease->detail;
       reached = attempt > 0;
       break;
     }
     reached = true;
-    ByteStream up = UpstreamPool::stream_of(*lease->connection);
-    const std::string server = server_text(lease->server);
-    if (req.count(bhttp::field::host) == 0) req.set(bhttp::field::host, server);
-
-    // The request.
-    error_code wec;
-    bhttp::request_serializer<bhttp::buffer_body> sr{req};
-    if (retryable) {
-      req.body().data = held == 0 ? nullptr : up_buffer.data();
-      req.body().size = held;
-      req.body().more = false;
-      up.tcp().expires_after(upstream.request_timeout);
-      auto [ec, n] = co_await bhttp::async_write(up, sr, use_nothrow);
-      wec = ec;
-    } else {
-      up.tcp().expires_after(upstream.idle_timeout);
-      auto [ec, n] = co_await bhttp::async_write_header(up, sr, use_nothrow);
-      wec = ec;
-      while (!wec && !sr.is_done()) {
-        const auto rec = co_await read_body_piece(in.client, *in.client_buffer, parser,
-                                                  up_buffer.data(), piece, limits.idle_timeout);
-        if (rec) {
-          // The client failed, stalled or passed max_streamed_body: the upstream has a partial
-          // request, so both connections end (C38).
-          out.cut = rec == bhttp::error::body_limit
-                        ? "the request body exceeds max_streamed_body (" +
-                              std::to_string(limits.max_streamed_body) + " bytes)"
-                        : "reading the request body failed: " + rec.message();
-          out.request_error = rec;
-          out.outcome = "passthrough";
-          out.upstream_time =
-              std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
-          co_return out;
-        }
-        to_write(req, up_buffer.data(), piece, parser.is_done());
-        wec = co_await write_piece(up, sr, upstream.idle_timeout);
-      }
-    }
-    if (wec) {
-      if (attempt == 0 && lease->pooled && retryable && wec != beast::error::timeout) continue;
-      timed_out = wec == beast::error::timeout;
-      failure = "upstream " + upstream.name + " (" + server +
-                "): writing the request failed: " + wec.message();
-      break;
-    }
-
-    // The response header: interim responses are dropped; 101 only after a WebSocket request.
-    bool got_bytes = false;
-    error_code hec;
-    up.tcp().expires_after(upstream.request_timeout);
-    for (;;) {
-      rparser.emplace();
-      rparser->header_limit(kMaxResponseHeaderBytes);
-      rparser->body_limit(boost::none);
-      if (in.head) rparser->skip(true);
-      check_chunk_extensions(*rparser);
-      auto [ec, n] = co_await bhttp::async_read_header(up, ubuf, *rparser, use_nothrow);
-      if (ec) {
-        got_bytes = got_bytes || rparser->got_some() || ubuf.size() > 0;
-        hec = ec;
-        break;
-      }
-      got_bytes = true;
-      const unsigned status = rparser->get().result_int();
-      if (status == 101 && in.websocket) break;
-      const auto verdict = classify_response_header(status);
-      if (verdict == ResponseHeaderVerdict::refused) {
-        failure = "upstream " + upstream.name + " (" + server +
-                  "): the upstream switched protocols without being asked to";
-        break;
-      }
-      if (verdict == ResponseHeaderVerdict::bad_status) {
-        failure = "upstream " + upstream.name + " (" + server + "): the upstream sent status " +
-                  std::to_string(status) + ", under 100";
-        break;
-      }
-      if (verdict == ResponseHeaderVerdict::final_response) break;
-    }
-    if (hec) {
-      if (attempt == 0 && lease->pooled && retryable && !got_bytes && closed_before_answer(hec)) {
-        continue;  // C08: the pooled connection was closed as the request went out
-      }
-      timed_out = hec == beast::error::timeout;
-      failure = "upstream " + upstream.name + " (" + server + ")" +
-                (timed_out ? " gave no response header within request_timeout"
-                           : ": reading the response header failed: " + hec.message());
+    x.server = server_text(lease->server);
+    if (req.count(bhttp::field::host) == 0) req.set(bhttp::field::host, x.server);
+    d.emplace(in.client.get_executor(), UpstreamPool::stream_of(*lease->connection));
+    x.failure.clear();
+    x.stale = x.timed_out = false;
+    // Both directions at once from the first byte (C47), the client watched (C48).
+    co_await (upload(x, *d) && download(x, *d) && watch(x, *d));
+    if (x.stale && attempt == 0 && lease->pooled && x.retryable && !out.client_closed) {
+      continue;  // C08: the pooled connection was closed as the request went out
     }
     break;
   }
   out.upstream_time = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
 
-  if (!failure.empty()) {
+  if (out.client_closed || (out.request_error && out.status == 0)) {
+    // The client left, or its body failed before any response byte (the session answers 400
+    // or 413 when it can, C03, C38); the upstream connection is already closed.
+    if (out.outcome.empty()) out.outcome = "passthrough";
+    out.keep_alive = false;
+    co_return out;
+  }
+  if (!x.failure.empty()) {
     out.outcome = "upstream_error";
     out.keep_alive = in.client_keep_alive && parser.is_done();
-    const Problem problem = !reached    ? Problem::upstream_unreachable
-                            : timed_out ? Problem::upstream_timeout
-                                        : Problem::upstream_failed;
-    out.problem = make_problem(problem, failure, in.client_version, out.keep_alive);
+    const Problem problem = !reached      ? Problem::upstream_unreachable
+                            : x.timed_out ? Problem::upstream_timeout
+                                          : Problem::upstream_failed;
+    out.problem = make_problem(problem, x.failure, in.client_version, out.keep_alive);
+    co_return out;
+  }
+  if (!x.tunnel) {
+    if (x.reusable) in.pool->give_back(upstream, std::move(*lease), x.upstream_keep_alive);
     co_return out;
   }
 
-  ByteStream up = UpstreamPool::stream_of(*lease->connection);
-  auto& res = rparser->get();
-  const unsigned status = res.result_int();
-  out.status = status;
-  out.outcome = "passthrough";
-  const auto upstream_keep_alive = keep_alive_timeout(res.base());
-  const bool upstream_reusable = rparser->keep_alive();
-
-  if (status == 101) {
-    // C40: the upgrade is confirmed; relay the 101 with its Upgrade, then bytes both ways.
-    const std::string protocol(res[bhttp::field::upgrade]);
-    strip_hop_by_hop(res.base());
-    in.handler->strip_owned_fields(res.base());
-    res.version(11);
-    res.set(bhttp::field::connection, "upgrade");
-    res.set(bhttp::field::upgrade, protocol.empty() ? std::string("websocket") : protocol);
-    res.set(bhttp::field::date, common::http_date_now());
-    append_to_list(res.base(), "Via", kViaEntry);
-    if (!in.request_id.empty()) res.set(in.request_id_header, in.request_id);
-    res.body().data = nullptr;
-    res.body().size = 0;
-    res.body().more = false;
-    bhttp::response_serializer<bhttp::buffer_body> rs{res};
-    in.client.tcp().expires_after(limits.idle_timeout);
-    auto [wec, wn] = co_await bhttp::async_write_header(in.client, rs, use_nothrow);
-    if (wec) {
-      out.cut = "writing the 101 failed: " + wec.message();
-      co_return out;
-    }
-    out.outcome = "tunnel";
-    out.tunnel = true;
-    if (in.tunnel_observer) in.tunnel_observer(true);
-    // The per-direction buffers of a tunnel; the upstream's read buffer may still hold bytes
-    // of the new protocol that came with the 101.
-    std::uint64_t in_bytes = 0;
-    std::uint64_t out_bytes = 0;
-    const auto e1 =
-        co_await flush_leftover(*in.client_buffer, up, limits.tunnel_idle_timeout, in_bytes);
-    const auto e2 =
-        e1 ? e1 : co_await flush_leftover(ubuf, in.client, limits.tunnel_idle_timeout, out_bytes);
-    TunnelState state(in.client.get_executor());
-    if (!e1 && !e2) {
-      StreamBuffer down_buffer(piece);
-      co_await (
-          pump(in.client, up, up_buffer, state, in_bytes, "client", limits.tunnel_idle_timeout) &&
-          pump(up, in.client, down_buffer, state, out_bytes, "upstream",
-               limits.tunnel_idle_timeout) &&
-          watchdog(state, limits.tunnel_idle_timeout, in.client, up));
-    } else {
-      state.ended_by = "writing failed: " + (e1 ? e1 : e2).message();
-      in.client.tcp().close();
-      up.tcp().close();
-    }
-    if (in.tunnel_observer) in.tunnel_observer(false);
-    out.bytes_in = in_bytes;
-    out.bytes_out = out_bytes;
-    out.written = !state.idle;
-    if (state.idle) out.cut = "nothing moved for tunnel_idle_timeout";
-    out.keep_alive = false;
-    co_return out;
-  }
-
-  // The response header as the client gets it.
-  const bool bodyless = !status_has_body(status);
-  const bool length_known = rparser->content_length().has_value();
-  strip_hop_by_hop(res.base());
-  in.handler->strip_owned_fields(res.base());
-  if (in.route) in.handler->add_route_fields(*in.route, in.origin, res.base());
-  res.version(in.client_version);
-  res.set(bhttp::field::date, common::http_date_now());
-  append_to_list(res.base(), "Via", kViaEntry);
-  if (!in.request_id.empty()) res.set(in.request_id_header, in.request_id);
-  bool keep_alive = in.client_keep_alive && parser.is_done();
-  if (bodyless) {
-    res.erase(bhttp::field::content_length);
-  } else if (in.head || length_known) {
-    // The upstream's Content-Length, which for HEAD describes what a GET would return (C16).
-  } else if (in.client_version >= 11) {
-    res.chunked(true);
-  } else {
-    keep_alive = false;  // HTTP/1.0: the body ends with the connection (C03)
-  }
-  res.keep_alive(keep_alive);
-  out.keep_alive = keep_alive;
-
-  StreamBuffer down_buffer(piece);
-  bhttp::response_serializer<bhttp::buffer_body> rs{res};
-  error_code ec;
-  if (bodyless || in.head || rparser->is_done()) {
-    // No body to read: the header (and an empty last chunk when chunked) goes out alone.
-    res.body().data = nullptr;
-    res.body().size = 0;
-    res.body().more = false;
-    ec = co_await write_piece(in.client, rs, limits.idle_timeout);
-    if (ec) out.cut = "writing the response failed: " + ec.message();
-  } else {
-    ec = co_await write_piece(in.client, rs, limits.idle_timeout);  // the header first (C38)
-    if (ec) out.cut = "writing the response failed: " + ec.message();
-    while (!ec && !rs.is_done()) {
-      const auto rec = co_await read_body_piece(up, ubuf, *rparser, down_buffer.data(), piece,
-                                                upstream.idle_timeout);
-      if (rec) {
-        out.cut =
-            "upstream " + upstream.name + ": reading the response body failed: " + rec.message();
-        ec = rec;
-        break;
-      }
-      to_write(res, down_buffer.data(), piece, rparser->is_done());
-      ec = co_await write_piece(in.client, rs, limits.idle_timeout);
-      if (ec) out.cut = "writing the response failed: " + ec.message();
-    }
-  }
-  if (ec) {
-    out.keep_alive = false;
-    in.client.tcp().close();
-    co_return out;  // the lease goes: the upstream connection closes with it
-  }
-  out.written = true;
-  if (upstream_reusable && ubuf.size() == 0 && rparser->is_done() &&
-      (length_known || rparser->chunked() || bodyless || in.head)) {
-    in.pool->give_back(upstream, std::move(*lease), upstream_keep_alive);
-  }
+  co_await tunnel(x, *d);
   co_return out;
 }
 

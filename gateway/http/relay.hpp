@@ -63,11 +63,14 @@ struct RelayRequest {
 struct RelayOutcome {
   /// When nothing was written to the client: the problem response to send (502/504, C05).
   std::optional<Response> problem;
-  unsigned status = 0;          ///< the status written to the client (0 when `problem` is set)
-  std::string outcome;          ///< passthrough, upstream_error or tunnel
-  bool written = false;         ///< the response (or the tunnel's end) reached the client whole
-  bool keep_alive = false;      ///< the client connection may carry the next request
-  bool tunnel = false;          ///< a 101 was relayed and the tunnel has ended
+  unsigned status = 0;      ///< the status written to the client (0 when `problem` is set)
+  std::string outcome;      ///< passthrough, upstream_error or tunnel
+  bool written = false;     ///< the response (or the tunnel's end) reached the client whole
+  bool keep_alive = false;  ///< the client connection may carry the next request
+  bool tunnel = false;      ///< a 101 was relayed and the tunnel has ended
+  /// The client closed or reset its connection before the exchange ended (C48): the upstream
+  /// connection was closed at once.
+  bool client_closed = false;
   std::uint64_t bytes_in = 0;   ///< tunnel: bytes from the client to the upstream
   std::uint64_t bytes_out = 0;  ///< tunnel: bytes from the upstream to the client
   /// Time to the upstream's response header (connect, request, wait), zero when not reached.
@@ -86,20 +89,48 @@ struct RelayOutcome {
 ///   on a pooled connection that the upstream closed before answering it is retried once on a
 ///   fresh connection (C08). A longer or chunked body is streamed on a fresh connection, piece
 ///   by piece (chunked to the upstream when it came chunked).
+/// - Full duplex (C47): the response is read and relayed while the request body still goes up.
+///   A response whose header arrives before the client's body has all arrived carries
+///   `Connection: close`. A complete answer is relayed whatever the upstream does with the rest
+///   of the request (reads it, stops reading, closes, resets): a failed write to the upstream
+///   is no failure by itself. When the answer is complete before the whole request went out, the
+///   rest is not read and both connections close after the answer.
+/// - Client close (C48): once the request is out, the client's connection is read while the
+///   response is awaited or streamed; EOF or a reset closes the upstream connection at once
+///   (`client_closed`). Bytes that arrive instead (a pipelined request) stay in the buffer.
 /// - Timeouts: each client read or write must progress within `limits.idle_timeout`, each
 ///   upstream read or write within the upstream's `idle_timeout`; the response header must
 ///   arrive within `request_timeout` of the request's end (else 504). A side that waits for the
-///   other side's progress is not idle: only one read or write is pending at a time.
+///   other side's progress is not idle: only one read or write is pending per direction.
 /// - The response keeps the upstream's Content-Length when it has one; otherwise it goes out
 ///   chunked to an HTTP/1.1 client and delimited by closing the connection to an HTTP/1.0 one
 ///   (C03). Hop-by-hop fields and the handler's owned fields are removed, Date set, Via added,
 ///   and the request id set (when the request has one).
 /// - An upstream failure before the response header → `problem` (502 upstream-unreachable or
-///   upstream-failed, 504 upstream-timeout). Any failure after it → the client connection is
-///   closed with the response visibly incomplete, and `cut` says why.
+///   upstream-failed, 504 upstream-timeout). A `101` to a WebSocket request whose `Upgrade`
+///   does not name `websocket` is such a failure (502, C40). Any failure after it → the client
+///   connection is closed with the response visibly incomplete, and `cut` says why.
 /// - A tunnel relays bytes both ways until a side closes, a read or write fails, or nothing
 ///   moved for `limits.tunnel_idle_timeout`; the client connection then closes.
 /// Never throws for network errors.
 boost::asio::awaitable<RelayOutcome> relay(RelayRequest request);
+
+/// How sending a response with a ResponseTail ended.
+struct TailOutcome {
+  bool written = false;     ///< the whole response reached the client
+  bool keep_alive = false;  ///< the client connection may carry the next request
+  std::string cut;          ///< why it was cut, when it was
+};
+
+/// Sends a held request's answer whose body was left on the upstream connection (SPEC C39):
+/// `header` as the session finalised it (end-to-end fields, Date, Via, ids, `Connection`), framed
+/// here for the body still to come as relay() frames a streamed one, then the body bytes read
+/// already and the rest as it arrives, each client write within `limits.idle_timeout` and each
+/// upstream read within the upstream's `idle_timeout`. When the body ended cleanly the
+/// upstream connection goes back to the pool; on a failure the client connection is closed with
+/// the response visibly incomplete. Never throws for network errors.
+boost::asio::awaitable<TailOutcome> send_tail(ByteStream client,
+                                              const boost::beast::http::response_header<>& header,
+                                              ResponseTail& tail, const config::Limits& limits);
 
 }  // namespace idemgate::http

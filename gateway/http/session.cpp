@@ -549,7 +549,17 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
   // Written piece by piece, each within idle_timeout: a client that reads a large held answer
   // slowly but steadily gets all of it (C07); one that stops reading is cut.
   boost::system::error_code wec;
-  {
+  if (result.tail) {
+    // A held request's answer whose body was not held (C39): it follows as it arrives.
+    const TailOutcome sent =
+        co_await send_tail(ByteStream(stream_), res.base(), *result.tail, limits);
+    if (!sent.written) wec = asio::error::connection_aborted;
+    keep_alive = keep_alive && sent.keep_alive;
+    if (!sent.cut.empty()) {
+      log_json(spdlog::level::warn, "stream cut",
+               {{"route", route->name}, {"detail", sent.cut}, {"request_id", request_id_}});
+    }
+  } else {
     bhttp::response_serializer<bhttp::string_body> serializer{res};
     const bool header_only = head && status_has_body(res.result_int());
     while (!wec && !(header_only ? serializer.is_header_done() : serializer.is_done())) {
@@ -672,8 +682,6 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
     auto [ec, n] = co_await bhttp::async_write(stream_, res, use_nothrow);
     written = !ec;
     if (ec) outcome.keep_alive = false;
-    // The rest of a body the upstream never took may still be arriving.
-    if (!streamed.is_done()) reject_pending_input_ = true;
     if (outcome.outcome == "upstream_error") {
       log_json(spdlog::level::warn, "upstream failed",
                {{"route", route.name},
@@ -682,7 +690,10 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
                 {"request_id", request_id_}});
     }
   }
+  // The rest of a body the upstream never took (or answered early, C47) may still be arriving.
+  if (!streamed.is_done()) reject_pending_input_ = true;
   const bool keep_alive = outcome.keep_alive && !close_after_response_ && !context_->draining;
+  const std::string_view ended = outcome.client_closed ? "client_closed" : "";
 
   const auto total = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
   if (!outcome.cut.empty()) {
@@ -696,26 +707,27 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
   }
   if (outcome.tunnel) {
     // A tunnel's line carries what it moved (C40).
-    log_json(spdlog::level::info, "access",
-             {{"time", format_rfc3339(started_wall)},
-              {"route", route.name},
-              {"method", method},
-              {"target", target},
-              {"status", status},
-              {"outcome", outcome.outcome},
-              {"key_hash", ""},
-              {"upstream_ms", to_ms(outcome.upstream_time)},
-              {"total_ms", to_ms(total)},
-              {"client", client_ip_},
-              {"written", written},
-              {"request_id", request_id_},
-              {"trace_id", trace_id_},
-              {"bytes_in", outcome.bytes_in},
-              {"bytes_out", outcome.bytes_out}});
+    boost::json::object line{{"time", format_rfc3339(started_wall)},
+                             {"route", route.name},
+                             {"method", method},
+                             {"target", target},
+                             {"status", status},
+                             {"outcome", outcome.outcome},
+                             {"key_hash", ""},
+                             {"upstream_ms", to_ms(outcome.upstream_time)},
+                             {"total_ms", to_ms(total)},
+                             {"client", client_ip_},
+                             {"written", written},
+                             {"request_id", request_id_},
+                             {"trace_id", trace_id_},
+                             {"bytes_in", outcome.bytes_in},
+                             {"bytes_out", outcome.bytes_out}};
+    if (!ended.empty()) line["ended"] = ended;
+    log_json(spdlog::level::info, "access", std::move(line));
   } else {
     log_access(started_wall, route.name, method, target, status, outcome.outcome, "",
                to_ms(outcome.upstream_time), to_ms(total), client_ip_, written, request_id_,
-               trace_id_);
+               trace_id_, ended);
   }
   if (context_->observers.request_done) {
     context_->observers.request_done(route.name, outcome.outcome, outcome.upstream_time);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl/context.hpp>
 #include <boost/asio/ssl/host_name_verification.hpp>
@@ -22,6 +23,7 @@
 
 #include "gateway/common/host_port.hpp"
 #include "gateway/common/json_log.hpp"
+#include "gateway/common/log_on_exception.hpp"
 #include "gateway/common/use_nothrow.hpp"
 #include "gateway/http/body_reader.hpp"
 #include "gateway/http/problem.hpp"
@@ -62,6 +64,28 @@ struct UpstreamPool::Connection {
   std::optional<TlsStream> tls_stream;
 };
 
+struct UpstreamPool::Wire {
+  explicit Wire(Lease l) : lease(std::move(l)) {}
+  Lease lease;
+  bool writing = true;  ///< the request is still being written
+  boost::system::error_code write_error;
+};
+
+struct UpstreamPool::Attempt {
+  enum class Kind {
+    response,   ///< complete response, or its header with a tail
+    stale,      ///< failed before the first response byte: EOF, reset or write error
+    timed_out,  ///< request_timeout ran out after (part of) the request was written
+    failed,     ///< any other failure after writing
+  };
+  Kind kind = Kind::failed;
+  Response response;
+  std::shared_ptr<ResponseTail> tail;
+  bool reusable = false;
+  std::optional<std::chrono::seconds> keep_alive;  ///< the upstream's Keep-Alive: timeout=N
+  std::string detail;
+};
+
 struct UpstreamPool::UpstreamState {
   std::size_t next_server = 0;
   std::deque<std::unique_ptr<Connection>> idle;  ///< oldest first
@@ -90,27 +114,6 @@ bool peer_closed(tcp::socket& socket) {
   } while (n < 0 && errno == EINTR);
   return !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
 }
-
-bool closed_before_answer(const boost::system::error_code& ec) {
-  return ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
-         ec == asio::error::connection_reset || ec == asio::error::broken_pipe ||
-         ec == asio::error::connection_aborted;
-}
-
-// One request/response exchange on an established connection.
-struct Attempt {
-  enum class Kind {
-    response,   ///< complete response
-    stale,      ///< failed before the first response byte: EOF, reset or write error
-    timed_out,  ///< request_timeout ran out after (part of) the request was written
-    failed,     ///< any other failure after writing
-  };
-  Kind kind = Kind::failed;
-  Response response;
-  bool reusable = false;
-  std::optional<std::chrono::seconds> keep_alive;  ///< the upstream's Keep-Alive: timeout=N
-  std::string detail;
-};
 
 asio::awaitable<boost::system::error_code> connect(beast::tcp_stream* stream, config::Server server,
                                                    config::Duration timeout) {
@@ -171,74 +174,14 @@ asio::awaitable<boost::system::error_code> handshake(TlsStream* stream, std::str
   co_return hec;
 }
 
-template <class Stream>
-asio::awaitable<Attempt> exchange(Stream* stream, beast::tcp_stream* tcp, const Request* request,
-                                  config::Duration request_timeout, std::size_t max_body) {
-  Attempt attempt;
-  const bool head = request->method() == bhttp::verb::head;
-  tcp->expires_after(request_timeout);
-  auto [wec, written] = co_await bhttp::async_write(*stream, *request, use_nothrow);
-  if (wec) {
-    attempt.kind = wec == beast::error::timeout ? Attempt::Kind::timed_out : Attempt::Kind::stale;
-    attempt.detail = "writing the request failed: " + wec.message();
-    co_return attempt;
-  }
-
-  // Bounded: a chunk-size line or trailer section from the upstream must fit in it along with
-  // the header section.
-  beast::flat_buffer buffer{2 * kMaxResponseHeaderBytes};
-  std::optional<ResponseParser> parser;
-  bool got_bytes = false;
-  for (;;) {
-    parser.emplace();
-    prepare_response_parser(*parser, head, max_body);
-    auto [ec, n] = co_await bhttp::async_read_header(*stream, buffer, *parser, use_nothrow);
-    if (ec) {
-      got_bytes = got_bytes || parser->got_some() || buffer.size() > 0;
-      if (ec == beast::error::timeout) {
-        attempt.kind = Attempt::Kind::timed_out;
-      } else if (!got_bytes && closed_before_answer(ec)) {
-        attempt.kind = Attempt::Kind::stale;
-      } else {
-        attempt.kind = Attempt::Kind::failed;
-      }
-      attempt.detail = "reading the response header failed: " + ec.message();
-      co_return attempt;
-    }
-    got_bytes = true;
-    const unsigned status = parser->get().result_int();
-    const auto verdict = classify_response_header(status);
-    if (verdict == ResponseHeaderVerdict::refused) {
-      attempt.detail = "the upstream switched protocols without being asked to";
-      co_return attempt;
-    }
-    if (verdict == ResponseHeaderVerdict::bad_status) {
-      attempt.detail = "the upstream sent status " + std::to_string(status) + ", under 100";
-      co_return attempt;
-    }
-    if (verdict == ResponseHeaderVerdict::final_response) break;
-  }
-
-  // Trailer fields of a chunked body are merged into the fields by the parser: keep the header.
-  auto header = parser->get().base();
-  if (!parser->is_done()) {
-    const auto ec = co_await async_read_body(*stream, buffer, *parser);
-    if (ec) {
-      attempt.kind = ec == beast::error::timeout ? Attempt::Kind::timed_out : Attempt::Kind::failed;
-      attempt.detail = ec == bhttp::error::body_limit
-                           ? "the response body is larger than max_response_body"
-                           : "reading the response body failed: " + ec.message();
-      co_return attempt;
-    }
-  }
-  tcp->expires_never();
-
-  attempt.kind = Attempt::Kind::response;
-  auto finished = finish_upstream_response(*parser, std::move(header), head, buffer.size());
-  attempt.reusable = finished.reusable;
-  attempt.keep_alive = finished.keep_alive;
-  attempt.response = std::move(finished.response);
-  co_return attempt;
+// The request on `wire`'s connection; runs beside the response's read (C47) and may outlive it
+// (a tail), so it shares the wire and the request. Closing the connection ends it.
+asio::awaitable<void> write_request(std::shared_ptr<UpstreamPool::Wire> wire,
+                                    std::shared_ptr<const Request> request) {
+  ByteStream stream = UpstreamPool::stream_of(*wire->lease.connection);
+  auto [ec, n] = co_await bhttp::async_write(stream, *request, use_nothrow);
+  wire->write_error = ec;
+  wire->writing = false;
 }
 
 // `upstream` must stay valid until the returned awaitable completes.
@@ -250,15 +193,6 @@ asio::awaitable<boost::system::error_code> open(UpstreamPool::Connection* connec
   const std::string name =
       upstream.tls_server_name.empty() ? server.host : upstream.tls_server_name;
   co_return co_await handshake(&*connection->tls_stream, name, upstream.connect_timeout);
-}
-
-asio::awaitable<Attempt> exchange_on(UpstreamPool::Connection* connection, const Request* request,
-                                     config::Duration timeout, std::size_t max_body) {
-  if (connection->tls_stream) {
-    co_return co_await exchange(&*connection->tls_stream, &connection->tcp(), request, timeout,
-                                max_body);
-  }
-  co_return co_await exchange(&*connection->plain, &*connection->plain, request, timeout, max_body);
 }
 
 }  // namespace
@@ -418,78 +352,200 @@ void UpstreamPool::give_back(const config::Upstream& upstream, Lease lease,
   put_idle(*state, upstream, std::move(connection));
 }
 
+asio::awaitable<ResponseHead> read_response_head(ByteStream stream, beast::flat_buffer& buffer,
+                                                 std::unique_ptr<StreamResponseParser>& parser,
+                                                 bool head, bool upgrade) {
+  ResponseHead out;
+  for (;;) {
+    parser = std::make_unique<StreamResponseParser>();
+    prepare_response_parser(*parser, head);
+    auto [ec, n] = co_await bhttp::async_read_header(stream, buffer, *parser, use_nothrow);
+    if (ec) {
+      out.got_bytes = out.got_bytes || parser->got_some() || buffer.size() > 0;
+      out.error = ec;
+      co_return out;
+    }
+    out.got_bytes = true;
+    const unsigned status = parser->get().result_int();
+    if (status == 101 && upgrade) co_return out;
+    const auto verdict = classify_response_header(status);
+    if (verdict == ResponseHeaderVerdict::refused) {
+      out.refused = "the upstream switched protocols without being asked to";
+      co_return out;
+    }
+    if (verdict == ResponseHeaderVerdict::bad_status) {
+      out.refused = "the upstream sent status " + std::to_string(status) + ", under 100";
+      co_return out;
+    }
+    if (verdict == ResponseHeaderVerdict::final_response) co_return out;
+  }
+}
+
+ResponseTail::ResponseTail(UpstreamPool& pool, config::Upstream upstream,
+                           std::shared_ptr<UpstreamPool::Wire> wire,
+                           std::unique_ptr<StreamResponseParser> p, beast::flat_buffer b,
+                           std::string bytes)
+    : parser(std::move(p)),
+      buffer(std::move(b)),
+      prefix(std::move(bytes)),
+      pool_(&pool),
+      upstream_(std::move(upstream)),
+      wire_(std::move(wire)) {}
+
+ResponseTail::~ResponseTail() {
+  // A request still being written holds the wire: closing ends that write too.
+  if (wire_->lease.connection) wire_->lease.connection->tcp().close();
+}
+
+ByteStream ResponseTail::stream() {
+  return UpstreamPool::stream_of(*wire_->lease.connection);
+}
+
+void ResponseTail::finish() {
+  if (!parser->is_done() || !parser->keep_alive() || parser->need_eof() || buffer.size() > 0 ||
+      wire_->writing || wire_->write_error) {
+    return;
+  }
+  pool_->give_back(upstream_, std::move(wire_->lease), keep_alive_timeout(parser->get().base()));
+}
+
+asio::awaitable<UpstreamPool::Attempt> UpstreamPool::exchange(
+    std::shared_ptr<Wire> wire, std::shared_ptr<const Request> request,
+    const config::Upstream& upstream, bool head, std::size_t hold_limit) {
+  Attempt attempt;
+  Connection& connection = *wire->lease.connection;
+  ByteStream stream = stream_of(connection);
+  // One deadline for writing the request and reading the held response, set before either
+  // starts (it is per direction once they run).
+  connection.tcp().expires_after(upstream.request_timeout);
+  asio::co_spawn(executor_, write_request(wire, request),
+                 common::log_on_exception("upstream request write failed"));
+
+  // Bounded: a chunk-size line or trailer section from the upstream must fit in it along with
+  // the header section.
+  beast::flat_buffer buffer{2 * kMaxResponseHeaderBytes};
+  std::unique_ptr<StreamResponseParser> parser;
+  const ResponseHead got = co_await read_response_head(stream, buffer, parser, head, false);
+  const auto fail = [&](Attempt::Kind kind, std::string detail) {
+    attempt.kind = kind;
+    attempt.detail = std::move(detail);
+    connection.tcp().close();  // ends a write still running
+    return std::move(attempt);
+  };
+  if (got.error) {
+    auto kind = Attempt::Kind::failed;
+    if (got.error == beast::error::timeout) {
+      kind = Attempt::Kind::timed_out;
+    } else if (!got.got_bytes && closed_before_answer(got.error)) {
+      kind = Attempt::Kind::stale;
+    }
+    std::string detail = wire->write_error && !got.got_bytes
+                             ? "writing the request failed: " + wire->write_error.message()
+                             : "reading the response header failed: " + got.error.message();
+    co_return fail(kind, std::move(detail));
+  }
+  if (!got.refused.empty()) co_return fail(Attempt::Kind::failed, got.refused);
+
+  // Trailer fields of a chunked body are merged into the fields by the parser: keep the header.
+  auto header = parser->get().base();
+  const auto length = parser->content_length();
+  std::string body;
+  std::size_t filled = 0;
+  bool pass_on = !parser->is_done() && length && *length > hold_limit;  // C39
+  if (!pass_on && length && !parser->is_done()) {
+    if (*length > upstream.max_response_body) {
+      co_return fail(Attempt::Kind::failed, "the response body is larger than max_response_body");
+    }
+    body.resize(static_cast<std::size_t>(*length));
+  }
+  while (!pass_on && !parser->is_done()) {
+    constexpr std::size_t kPiece = 64 * 1024;
+    if (!length && body.size() - filled < kPiece)
+      body.resize(std::max(2 * body.size(), filled + kPiece));
+    const std::size_t room = body.size() - filled;
+    parser->get().body().data = body.data() + filled;
+    parser->get().body().size = room;
+    const auto ec = co_await async_read_body(stream, buffer, *parser);
+    filled += room - parser->get().body().size;
+    if (ec) {
+      co_return fail(ec == beast::error::timeout ? Attempt::Kind::timed_out : Attempt::Kind::failed,
+                     "reading the response body failed: " + ec.message());
+    }
+    if (!parser->is_done() && filled > hold_limit) {
+      pass_on = true;  // C39: the held part of a chunked body passed the limit
+    } else if (filled > upstream.max_response_body) {
+      co_return fail(Attempt::Kind::failed, "the response body is larger than max_response_body");
+    }
+  }
+  body.resize(filled);
+
+  attempt.kind = Attempt::Kind::response;
+  attempt.keep_alive = keep_alive_timeout(header);
+  if (pass_on) {
+    auto finished = finish_upstream_response(*parser, std::move(header), {}, head, 0);
+    finished.response.erase(bhttp::field::content_length);
+    attempt.response = std::move(finished.response);
+    attempt.tail = std::make_shared<ResponseTail>(
+        *this, upstream, std::move(wire), std::move(parser), std::move(buffer), std::move(body));
+    co_return attempt;
+  }
+  auto finished =
+      finish_upstream_response(*parser, std::move(header), std::move(body), head, buffer.size());
+  attempt.response = std::move(finished.response);
+  // A complete answer before the whole request went out (C47): the connection carries nothing
+  // more, and the write still waiting on it ends.
+  attempt.reusable = finished.reusable && !wire->writing && !wire->write_error;
+  if (wire->writing) connection.tcp().close();
+  co_return attempt;
+}
+
 asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& upstream_ref,
-                                                     Request request) {
+                                                     Request request_in, std::size_t hold_limit) {
   // A copy: the reference is only promised until the first suspension.
   const config::Upstream upstream = upstream_ref;
   const auto start = Clock::now();
   ForwardResult result;
 
-  request.version(11);
-  request.keep_alive(true);
-  request.erase(bhttp::field::transfer_encoding);
-  if (!request.body().empty() || request.has_content_length()) {
-    request.content_length(request.body().size());
+  request_in.version(11);
+  request_in.keep_alive(true);
+  request_in.erase(bhttp::field::transfer_encoding);
+  if (!request_in.body().empty() || request_in.has_content_length()) {
+    request_in.content_length(request_in.body().size());
   }
-
-  std::string tls_error;
-  UpstreamState* const state_ptr = state_for(upstream, tls_error);
-  if (!state_ptr) {
-    result.kind = ForwardResult::Kind::not_reached;
-    result.detail = std::move(tls_error);
-    co_return result;
-  }
-  UpstreamState& state = *state_ptr;
-
+  const bool head = request_in.method() == bhttp::verb::head;
   // An HTTP/1.0 client may omit Host, which an HTTP/1.1 request must carry (RFC 9112 §3.2).
-  const bool client_sent_host = request.count(bhttp::field::host) > 0;
-  const std::size_t count = upstream.servers.size();
-  const std::size_t first = count == 0 ? 0 : state.next_server++ % count;
-  std::string last_error = "the upstream has no servers";
-  for (std::size_t i = 0; i < count; ++i) {
-    const config::Server server = upstream.servers[(first + i) % count];
-    const auto key = server_key(server);
-    auto connection = take_idle(state, key);
-    const bool pooled = connection != nullptr;
-    if (!pooled) {
-      connection = std::make_unique<Connection>(executor_, key, state.tls);
-      const auto ec = co_await open(connection.get(), server, upstream);
-      if (ec) {
-        // Nothing was written: the next server may take it (C08).
-        last_error = key + ": " + ec.message();
-        continue;
-      }
+  const bool client_sent_host = request_in.count(bhttp::field::host) > 0;
+  auto request = std::make_shared<Request>(std::move(request_in));
+
+  Lease lease = co_await this->lease(upstream, true);
+  for (int round = 0;; ++round) {
+    if (!lease.connection) {
+      // Not reached at all, or a stale pooled connection whose reconnect failed.
+      result.kind =
+          round == 0 ? ForwardResult::Kind::not_reached : ForwardResult::Kind::unknown_outcome;
+      result.detail = round == 0 ? std::move(lease.detail)
+                                 : "a pooled connection closed; " + std::move(lease.detail);
+      break;
     }
-    if (!client_sent_host) request.set(bhttp::field::host, key);
-    auto attempt = co_await exchange_on(connection.get(), &request, upstream.request_timeout,
-                                        upstream.max_response_body);
-    if (attempt.kind == Attempt::Kind::stale && pooled) {
-      // The upstream closed the idle connection as the request went out, before reading it;
+    const config::Server server = lease.server;
+    const bool pooled = lease.pooled;
+    const auto key = server_key(server);
+    if (!client_sent_host) request->set(bhttp::field::host, key);
+    auto wire = std::make_shared<Wire>(std::move(lease));
+    Attempt attempt = co_await exchange(wire, request, upstream, head, hold_limit);
+    if (attempt.kind == Attempt::Kind::stale && pooled && round == 0) {
+      // The upstream closed the idle connection as the request went out, before answering;
       // retry once on a fresh connection to the same server, never on another (C08).
-      connection = std::make_unique<Connection>(executor_, key, state.tls);
-      const auto ec = co_await open(connection.get(), server, upstream);
-      if (ec) {
-        attempt.kind = Attempt::Kind::failed;
-        attempt.detail = "a pooled connection closed and reconnecting failed: " + ec.message();
-      } else {
-        attempt = co_await exchange_on(connection.get(), &request, upstream.request_timeout,
-                                       upstream.max_response_body);
-      }
+      lease = co_await reconnect(upstream, server);
+      continue;
     }
     switch (attempt.kind) {
-      case Attempt::Kind::response: {
+      case Attempt::Kind::response:
         result.kind = ForwardResult::Kind::response;
         result.response = std::move(attempt.response);
-        auto keep = std::chrono::duration_cast<Clock::duration>(upstream.idle_timeout);
-        if (attempt.keep_alive) {
-          keep = std::min<Clock::duration>(keep, *attempt.keep_alive - kKeepAliveMargin);
-        }
-        if (attempt.reusable && keep > Clock::duration::zero()) {
-          connection->idle_deadline = Clock::now() + keep;
-          put_idle(state, upstream, std::move(connection));
-        }
+        result.tail = std::move(attempt.tail);
+        if (attempt.reusable) give_back(upstream, std::move(wire->lease), attempt.keep_alive);
         break;
-      }
       case Attempt::Kind::timed_out:
         result.kind = ForwardResult::Kind::timed_out;
         result.detail = "upstream " + upstream.name + " (" + key +
@@ -501,13 +557,8 @@ asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& ups
         result.detail = "upstream " + upstream.name + " (" + key + "): " + attempt.detail;
         break;
     }
-    result.upstream_time =
-        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
-    co_return result;
+    break;
   }
-  result.kind = ForwardResult::Kind::not_reached;
-  result.detail =
-      "no server of upstream " + upstream.name + " accepted a connection (" + last_error + ")";
   result.upstream_time =
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
   co_return result;
@@ -531,7 +582,8 @@ ProxyHandler::ProxyHandler(std::shared_ptr<Forwarder> forwarder)
     : forwarder_(std::move(forwarder)) {}
 
 asio::awaitable<HandlerResult> ProxyHandler::handle(Exchange exchange) {
-  auto result = co_await forwarder_->forward(*exchange.upstream, std::move(exchange.request));
+  auto result =
+      co_await forwarder_->forward(*exchange.upstream, std::move(exchange.request), kHoldWhole);
   HandlerResult out;
   out.upstream_time = result.upstream_time;
   if (result.kind == ForwardResult::Kind::response) {

@@ -3,15 +3,18 @@
 // C09), and the plain forwarding RequestHandler.
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
 #include <chrono>
 #include <cstddef>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "gateway/http/byte_stream.hpp"
 #include "gateway/http/handler.hpp"
+#include "gateway/http/upstream_response.hpp"
 
 namespace idemgate::http {
 
@@ -26,13 +29,18 @@ namespace idemgate::http {
 /// - The request goes out as HTTP/1.1 with Content-Length framing; a request without `Host`
 ///   gets the server's `host:port`.
 /// - `request_timeout` covers writing the request and reading the whole response (→ timed_out).
+/// - Full duplex (C47): the response is read while the request is written. A complete answer
+///   that arrives before the whole request went out is the answer, whether the upstream then
+///   stops reading, closes or resets; the connection is then closed, never pooled.
 /// - A pooled connection that fails before the first response byte (write error, EOF or reset)
 ///   is retried once on a fresh connection to the same server (C08). Any other failure after
 ///   writing → unknown_outcome (or timed_out).
 /// - Responses: 1xx interim responses are skipped; chunked bodies are decoded and trailers
 ///   dropped; hop-by-hop fields and `Idempotent-Replayed` (owned by the gateway, C16) are
 ///   removed; `Content-Length` is the decoded body size (for HEAD: the upstream's value). A body
-///   over `max_response_body` → unknown_outcome.
+///   longer than forward()'s `hold_limit` (its Content-Length, or the part of a chunked body
+///   read so far) is left on the connection as a ResponseTail (C39); a held body over
+///   `max_response_body` → unknown_outcome.
 /// - Idle connections are kept up to `max_idle_connections` per upstream and dropped after
 ///   `idle_timeout`, or one second before the upstream's `Keep-Alive: timeout=N` if that is
 ///   sooner; a connection the upstream already closed is never handed out.
@@ -47,13 +55,15 @@ class UpstreamPool final : public Forwarder {
   UpstreamPool(const UpstreamPool&) = delete;
   UpstreamPool& operator=(const UpstreamPool&) = delete;
 
-  boost::asio::awaitable<ForwardResult> forward(const config::Upstream& upstream,
-                                                Request request) override;
+  boost::asio::awaitable<ForwardResult> forward(const config::Upstream& upstream, Request request,
+                                                std::size_t hold_limit) override;
 
   /// Idle pooled connections to `upstream` right now (for tests and metrics).
   std::size_t idle_connections(const std::string& upstream) const;
 
   struct Connection;  ///< one upstream connection, plain or TLS (defined in the .cpp)
+  /// A leased connection with the request being written on it (defined in the .cpp).
+  struct Wire;
 
   /// A connection lent for one streamed exchange or tunnel (SPEC C38, C40); give it back with
   /// give_back() when its response ended cleanly, or let it go (closed) otherwise.
@@ -85,6 +95,12 @@ class UpstreamPool final : public Forwarder {
   /// The pool state of `upstream`, with its TLS context (re)built when needed; null with
   /// `error` set when the CA file cannot be loaded.
   UpstreamState* state_for(const config::Upstream& upstream, std::string& error);
+  struct Attempt;
+  /// One request and its response on `wire` (C47: written and read at once).
+  boost::asio::awaitable<Attempt> exchange(std::shared_ptr<Wire> wire,
+                                           std::shared_ptr<const Request> request,
+                                           const config::Upstream& upstream, bool head,
+                                           std::size_t hold_limit);
   std::unique_ptr<Connection> take_idle(UpstreamState& state, const std::string& server);
   void put_idle(UpstreamState& state, const config::Upstream& upstream,
                 std::unique_ptr<Connection> connection);
@@ -92,6 +108,54 @@ class UpstreamPool final : public Forwarder {
   boost::asio::any_io_executor executor_;
   std::map<std::string, std::unique_ptr<UpstreamState>, std::less<>> upstreams_;
 };
+
+/// The body of an upstream response that forward() did not hold (SPEC C39): the header is read,
+/// `prefix` holds the body bytes read before the body passed the hold limit (a chunked body), the
+/// rest is still on the connection. The session sends it on with send_tail() (relay.hpp). The
+/// connection closes when the tail is destroyed, unless finish() gave it back to the pool.
+/// Used on its pool's thread only; the pool must outlive it.
+struct ResponseTail {
+  ResponseTail(UpstreamPool& pool, config::Upstream upstream,
+               std::shared_ptr<UpstreamPool::Wire> wire,
+               std::unique_ptr<StreamResponseParser> parser, boost::beast::flat_buffer buffer,
+               std::string prefix);
+  ~ResponseTail();
+  ResponseTail(const ResponseTail&) = delete;
+  ResponseTail& operator=(const ResponseTail&) = delete;
+
+  /// The upstream connection the rest of the body comes from.
+  ByteStream stream();
+  /// The upstream's `idle_timeout`: each read of the rest must progress within it.
+  config::Duration idle_timeout() const { return upstream_.idle_timeout; }
+  /// The upstream's name, for log lines.
+  std::string_view upstream_name() const { return upstream_.name; }
+  /// Returns the connection to the pool when the body has ended cleanly and the connection may
+  /// carry another request (the whole request was written, nothing was read past the response).
+  void finish();
+
+  std::unique_ptr<StreamResponseParser> parser;  ///< the header is parsed; the body follows
+  boost::beast::flat_buffer buffer;              ///< bytes read past what the parser took
+  std::string prefix;                            ///< body bytes already read, to send first
+
+ private:
+  UpstreamPool* pool_;
+  config::Upstream upstream_;
+  std::shared_ptr<UpstreamPool::Wire> wire_;
+};
+
+/// How reading an upstream's response header ended (SPEC C03, C05, C08).
+struct ResponseHead {
+  boost::system::error_code error;  ///< the read failed: a timeout, EOF, reset, a parse error
+  bool got_bytes = false;  ///< response bytes had arrived: no stale pooled connection (C08)
+  std::string refused;     ///< why a header is no answer: a status under 100, an unasked 101
+};
+
+/// Reads response headers from `stream`, each into a fresh `parser` (prepare_response_parser),
+/// dropping 1xx interim responses, until a final response, or a `101` when `upgrade` (SPEC C40).
+/// The stream's expiry is the caller's. `buffer` keeps what was read past the header.
+boost::asio::awaitable<ResponseHead> read_response_head(
+    ByteStream stream, boost::beast::flat_buffer& buffer,
+    std::unique_ptr<StreamResponseParser>& parser, bool head, bool upgrade);
 
 /// The response for a ForwardResult that holds none (SPEC C05): not_reached → 502
 /// `upstream-unreachable`, unknown_outcome → 502 `upstream-failed`, timed_out → 504

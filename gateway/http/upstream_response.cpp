@@ -1,5 +1,7 @@
 #include "gateway/http/upstream_response.hpp"
 
+#include <boost/asio/error.hpp>
+#include <boost/beast/http/error.hpp>
 #include <utility>
 
 #include "gateway/http/body_reader.hpp"
@@ -16,6 +18,20 @@ void prepare_response_parser(ResponseParser& parser, bool head, std::size_t max_
   check_chunk_extensions(parser);  // RFC 9112 §7.1.1
 }
 
+void prepare_response_parser(StreamResponseParser& parser, bool head) {
+  parser.header_limit(kMaxResponseHeaderBytes);
+  parser.body_limit(boost::none);
+  parser.skip(head);
+  check_chunk_extensions(parser);
+}
+
+bool closed_before_answer(const boost::system::error_code& ec) {
+  namespace asio = boost::asio;
+  return ec == bhttp::error::end_of_stream || ec == asio::error::eof ||
+         ec == asio::error::connection_reset || ec == asio::error::broken_pipe ||
+         ec == asio::error::connection_aborted;
+}
+
 ResponseHeaderVerdict classify_response_header(unsigned status) {
   if (status < 100) return ResponseHeaderVerdict::bad_status;
   if (status == 101) return ResponseHeaderVerdict::refused;
@@ -23,14 +39,16 @@ ResponseHeaderVerdict classify_response_header(unsigned status) {
   return ResponseHeaderVerdict::interim;  // 1xx interim responses are not forwarded
 }
 
-UpstreamResponse finish_upstream_response(ResponseParser& parser, bhttp::response_header<> header,
-                                          bool head, std::size_t buffered) {
+namespace {
+
+UpstreamResponse finish(bool keep_alive, bool need_eof, bhttp::response_header<> header,
+                        std::string body, bool head, std::size_t buffered) {
   UpstreamResponse out;
-  out.reusable = parser.keep_alive() && !parser.need_eof() && buffered == 0;
+  out.reusable = keep_alive && !need_eof && buffered == 0;
   out.keep_alive = keep_alive_timeout(header);
   Response& res = out.response;
   res.base() = std::move(header);
-  res.body() = std::move(parser.get().body());
+  res.body() = std::move(body);
   res.version(11);
   strip_hop_by_hop(res.base());
   res.erase("Idempotent-Replayed");
@@ -42,6 +60,21 @@ UpstreamResponse finish_upstream_response(ResponseParser& parser, bhttp::respons
     }
   }
   return out;
+}
+
+}  // namespace
+
+UpstreamResponse finish_upstream_response(ResponseParser& parser, bhttp::response_header<> header,
+                                          bool head, std::size_t buffered) {
+  return finish(parser.keep_alive(), parser.need_eof(), std::move(header),
+                std::move(parser.get().body()), head, buffered);
+}
+
+UpstreamResponse finish_upstream_response(const StreamResponseParser& parser,
+                                          bhttp::response_header<> header, std::string body,
+                                          bool head, std::size_t buffered) {
+  return finish(parser.keep_alive(), parser.need_eof(), std::move(header), std::move(body), head,
+                buffered);
 }
 
 }  // namespace idemgate::http

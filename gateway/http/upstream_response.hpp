@@ -4,6 +4,7 @@
 // response becomes the one the gateway forwards. UpstreamPool applies them around its reads;
 // the upstream_response fuzz target applies them to arbitrary bytes.
 
+#include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
@@ -13,11 +14,16 @@
 #include <optional>
 #include <string>
 
+#include <boost/system/error_code.hpp>
+
 #include "gateway/http/handler.hpp"
 
 namespace idemgate::http {
 
 using ResponseParser = boost::beast::http::response_parser<boost::beast::http::string_body>;
+/// A parser that hands the body over piece by piece into a caller's buffer (streamed responses,
+/// SPEC C38, and keyed ones read up to their hold limit, C39).
+using StreamResponseParser = boost::beast::http::response_parser<boost::beast::http::buffer_body>;
 
 /// The largest response header section taken from an upstream (status line and fields).
 inline constexpr std::uint32_t kMaxResponseHeaderBytes = 64 * 1024;
@@ -27,6 +33,12 @@ inline constexpr std::uint32_t kMaxResponseHeaderBytes = 64 * 1024;
 /// request (`head`), whatever Content-Length or Transfer-Encoding say; chunk extensions are
 /// checked against RFC 9112 §7.1.1 (check_chunk_extensions: bad_chunk_extension).
 void prepare_response_parser(ResponseParser& parser, bool head, std::size_t max_body);
+/// The same for a piecewise parser, without a body limit: the caller counts what it holds.
+void prepare_response_parser(StreamResponseParser& parser, bool head);
+
+/// Whether a read or write error means the upstream closed the connection (EOF, reset, broken
+/// pipe, aborted): before the first response byte, a pooled connection that went stale (C08).
+bool closed_before_answer(const boost::system::error_code& ec);
 
 /// What a complete response header means for the exchange.
 enum class ResponseHeaderVerdict {
@@ -56,5 +68,9 @@ struct UpstreamResponse {
 UpstreamResponse finish_upstream_response(ResponseParser& parser,
                                           boost::beast::http::response_header<> header, bool head,
                                           std::size_t buffered);
+/// The same for a body read piece by piece into `body` through a piecewise parser.
+UpstreamResponse finish_upstream_response(const StreamResponseParser& parser,
+                                          boost::beast::http::response_header<> header,
+                                          std::string body, bool head, std::size_t buffered);
 
 }  // namespace idemgate::http

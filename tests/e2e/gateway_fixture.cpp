@@ -562,6 +562,7 @@ std::string GatewayConfig::render() const {
       << "    request_timeout: " << u.request_timeout << "\n";
     if (u.max_idle_connections)
       y << "    max_idle_connections: " << *u.max_idle_connections << "\n";
+    for (const auto& line : u.extra) y << "    " << line << "\n";
   }
   y << "routes:\n";
   if (!routes_yaml.empty()) {

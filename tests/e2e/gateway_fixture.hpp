@@ -125,7 +125,9 @@ std::string payment_body(const std::string& external_id, const std::string& amou
 
 /// tests/support/stream_upstream.cpp (`stream-upstream`) on an OS-chosen loopback port: pattern
 /// bodies of any size generated and checked piece by piece, an upstream dying mid-body, a
-/// WebSocket echo, the received fields as JSON (SPEC C38, C40). Listening when the constructor
+/// WebSocket echo, the received fields as JSON (SPEC C38, C40), early answers to uploads, a
+/// response streaming during its upload, a quiet event stream and a 101 to the wrong protocol
+/// (C40, C47, C48). Listening when the constructor
 /// returns; stopped by PID in the destructor.
 class StreamUpstream {
  public:
@@ -235,6 +237,8 @@ struct UpstreamConfig {
   std::string request_timeout = "20s";
   /// `max_idle_connections`; nullopt: not written, the default.
   std::optional<int> max_idle_connections{};
+  /// Further `key: value` lines of the upstream's mapping (e.g. `idle_timeout: 60s`), as given.
+  std::vector<std::string> extra{};
 };
 
 /// One entry of `routes:`, built from the parameters tests vary.

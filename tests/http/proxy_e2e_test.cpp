@@ -923,7 +923,7 @@ BOOST_FIXTURE_TEST_CASE(spec_C08_a_pooled_connection_the_upstream_closes_leaves_
         req.set(bhttp::field::host, "gateway.test");
         req.body() = "x";
         req.prepare_payload();
-        result = co_await pool.forward(upstream, std::move(req));
+        result = co_await pool.forward(upstream, std::move(req), idemgate::http::kHoldWhole);
       },
       asio::detached);
   while (!result && io.run_one_for(kEventDeadline) > 0) {

@@ -115,12 +115,20 @@ class RawClient {
     return run([&](auto done) { bhttp::async_read_header(socket_, buffer_, parser_, done); });
   }
 
-  /// Reads up to `size` body bytes into `data`; `got` tells how many. No error and
+  /// Reads up to `size` body bytes into `data`; `got` tells how many. Returns once `size` bytes
+  /// came or the body ended, or with `as_arrived` once any came. No error and
   /// parser().is_done(): the body is complete.
-  boost::system::error_code read_body(char* data, std::size_t size, std::size_t& got) {
+  boost::system::error_code read_body(char* data, std::size_t size, std::size_t& got,
+                                      bool as_arrived = false) {
     parser_.get().body().data = data;
     parser_.get().body().size = size;
-    auto ec = run([&](auto done) { bhttp::async_read(socket_, buffer_, parser_, done); });
+    auto ec = run([&](auto done) {
+      if (as_arrived) {
+        bhttp::async_read_some(socket_, buffer_, parser_, done);
+      } else {
+        bhttp::async_read(socket_, buffer_, parser_, done);
+      }
+    });
     if (ec == bhttp::error::need_buffer) ec = {};
     got = size - parser_.get().body().size;
     return ec;
@@ -145,6 +153,13 @@ class RawClient {
 
   ResponseParser& parser() { return parser_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+
+  /// Closes the connection: a FIN, or with `reset` an RST (SO_LINGER with a zero timeout).
+  void close(bool reset = false) {
+    boost::system::error_code ignored;
+    if (reset) socket_.set_option(tcp::socket::linger(true, 0), ignored);
+    socket_.close(ignored);
+  }
 
  private:
   template <class Start>
@@ -339,6 +354,15 @@ class WsClient {
   websocket::response_type response_;
   std::chrono::milliseconds timeout_;
 };
+
+/// The fields of a WebSocket upgrade request (RFC 6455 §4.1) to `host`.
+HeaderList websocket_upgrade(const std::string& host) {
+  return {{"Host", host},
+          {"Connection", "Upgrade"},
+          {"Upgrade", "websocket"},
+          {"Sec-WebSocket-Version", "13"},
+          {"Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}};
+}
 
 std::string pattern_text(std::size_t n, std::uint64_t offset = 0) {
   std::string s(n, '\0');
@@ -797,11 +821,7 @@ BOOST_AUTO_TEST_CASE(spec_C40_h2c_is_never_tunnelled_and_upgrade_is_stripped) {
 BOOST_AUTO_TEST_CASE(spec_C40_websocket_on_a_route_without_upgrade_is_not_tunnelled) {
   StreamUpstream upstream;
   Gateway gateway{stream_config(upstream, kDefaultLimits, true)};
-  const HeaderList upgrade = {{"Host", "no-upgrade.test"},
-                              {"Connection", "Upgrade"},
-                              {"Upgrade", "websocket"},
-                              {"Sec-WebSocket-Version", "13"},
-                              {"Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}};
+  const HeaderList upgrade = websocket_upgrade("no-upgrade.test");
   HttpConnection connection(kLoopback, gateway.port(), 10s);
   // The upstream answers a /ws request without an upgrade with 426: an ordinary response.
   const HttpResponse res = connection.request({"GET", "/ws", upgrade, ""});
@@ -892,7 +912,9 @@ BOOST_AUTO_TEST_CASE(spec_C40_sigterm_closes_tunnels_at_the_end_of_drain_timeout
 namespace {
 
 /// Every POST on one keyed route (mode required): the gateway holds request and response.
-GatewayConfig keyed_config(const StreamUpstream& upstream, const std::string& limits) {
+/// `idempotency`: further entries of the route's idempotency flow mapping (", key: value").
+GatewayConfig keyed_config(const StreamUpstream& upstream, const std::string& limits,
+                           const std::string& idempotency = "") {
   GatewayConfig config;
   config.upstreams = {{"up", {upstream.address()}}};
   config.limits = limits;
@@ -900,7 +922,8 @@ GatewayConfig keyed_config(const StreamUpstream& upstream, const std::string& li
       "  - name: keyed\n"
       "    match: { path_prefix: / }\n"
       "    upstream: up\n"
-      "    idempotency: { mode: required, methods: [POST] }\n";
+      "    idempotency: { mode: required, methods: [POST]" +
+      idempotency + " }\n";
   return config;
 }
 
@@ -956,6 +979,261 @@ BOOST_AUTO_TEST_CASE(spec_C07_a_slow_steady_upload_of_a_held_keyed_body_is_answe
   const json::value answer = json::parse(d.text);
   BOOST_TEST(answer.at("bytes").to_number<std::uint64_t>() == n, d.text);
   BOOST_TEST(answer.at("pattern_ok").as_bool(), d.text);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C39_a_keyed_answer_past_max_stored_response_is_committed_then_streamed) {
+  StreamUpstream upstream;
+  GatewayConfig config = keyed_config(upstream, kDefaultLimits, ", max_stored_response: 256KiB");
+  // A held answer stops at 1 MiB: a longer one that the gateway tried to hold would be a 502.
+  config.upstreams.front().extra = {"max_response_body: 1MiB"};
+  Gateway gateway{config};
+  // 4 MiB at 2 MiB/s: the upstream needs two seconds for the whole body.
+  const std::uint64_t n = 4 * kMiB;
+  for (const bool chunked : {false, true}) {
+    BOOST_TEST_CONTEXT((chunked ? "chunked" : "Content-Length") << " answer") {
+      const std::string target = "/bytes?n=" + std::to_string(n) +
+                                 "&rate=" + std::to_string(2 * kMiB) +
+                                 (chunked ? "&chunked=1" : "");
+      const std::string key = unique_name("c39");
+      const HttpRequest request{
+          "POST", target, {{"Host", "gateway.test"}, {"Idempotency-Key", key}}, ""};
+      const std::uint64_t written_before = upstream.counter("bytes_written_total");
+      RawClient client(gateway.port(), kEventDeadline);
+      BOOST_TEST_REQUIRE(!client.write(
+          "POST " + target + " HTTP/1.1\r\nHost: gateway.test\r\nIdempotency-Key: " + key +
+          "\r\nContent-Length: 0\r\n\r\n"));
+      std::optional<std::uint64_t> written_at_first_bytes;
+      std::optional<HttpResponse> retry;
+      const Download d = read_download(client, [&](std::uint64_t) {
+        if (written_at_first_bytes) return;
+        written_at_first_bytes = upstream.counter("bytes_written_total") - written_before;
+        // C15: the record is committed before the first byte leaves, so a retry sent now is
+        // its replay, not a 409.
+        retry = http_request(kLoopback, gateway.port(), request, kEventDeadline);
+      });
+      BOOST_TEST_REQUIRE(d.status == 200u, d.describe() << "\n" << gateway.diagnostics());
+      BOOST_TEST(d.complete, d.describe());
+      BOOST_TEST(d.bytes == n);
+      BOOST_TEST(d.pattern_ok);
+      BOOST_TEST(!d.header("Idempotent-Replayed").has_value(), d.describe());
+      BOOST_TEST(!d.header("Idempotent-Body-Omitted").has_value(), d.describe());
+      if (chunked) {
+        BOOST_TEST(d.header("Transfer-Encoding").value_or("") == "chunked", d.describe());
+      } else {
+        BOOST_TEST(d.header("Content-Length").value_or("") == std::to_string(n), d.describe());
+      }
+      // Streamed: the first bytes came while the upstream was still writing the rest.
+      BOOST_TEST_REQUIRE(written_at_first_bytes.has_value());
+      BOOST_TEST(*written_at_first_bytes < n,
+                 "the upstream had written " << *written_at_first_bytes << " of " << n
+                                             << " bytes when the first ones reached the client");
+      // The record keeps status and fields without the body (C29).
+      BOOST_TEST_REQUIRE(retry.has_value());
+      BOOST_TEST(retry->status == 200u, gateway.explain(*retry));
+      BOOST_TEST(retry->body.empty(), "the replay has " << retry->body.size() << " bytes of body");
+      BOOST_TEST(retry->header("Content-Length").value_or("") == "0", describe(*retry));
+      BOOST_TEST(retry->header("Idempotent-Replayed").value_or("") == "true", describe(*retry));
+      BOOST_TEST(retry->header("Idempotent-Body-Omitted").value_or("") == "true", describe(*retry));
+      BOOST_TEST(retry->header("Content-Type").value_or("") == "application/octet-stream",
+                 describe(*retry));
+    }
+  }
+  // Each answer was executed once; the retries never reached the upstream.
+  BOOST_TEST(upstream.counter("bytes_responses_done") == 2u);
+  BOOST_TEST(upstream.counter("bytes_written_total") == 2 * n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Full duplex (C47), the 101 rule (C40) and a client that goes away (C48)
+
+namespace {
+
+/// The head of a POST of `length` body bytes to `target`.
+std::string upload_head(const std::string& target, std::uint64_t length,
+                        const std::string& fields = "") {
+  return "POST " + target + " HTTP/1.1\r\nHost: gateway.test\r\n" + fields +
+         "Content-Type: application/octet-stream\r\nContent-Length: " + std::to_string(length) +
+         "\r\n\r\n";
+}
+
+/// Writes pattern bytes [from, to) in 64 KiB pieces; stops at the first failed write.
+boost::system::error_code upload_range(RawClient& client, std::uint64_t from, std::uint64_t to) {
+  for (std::uint64_t at = from; at < to; at += kPiece) {
+    const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(kPiece, to - at));
+    if (auto ec = client.write(pattern_text(len, at))) return ec;
+  }
+  return {};
+}
+
+/// The access lines of `gateway` for `target`.
+std::vector<json::object> access_lines(const Gateway& gateway, const std::string& target) {
+  std::vector<json::object> out;
+  for (auto& o : log_objects(gateway.stderr_text()))
+    if (str(o, "msg") == "access" && str(o, "target") == target) out.push_back(std::move(o));
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C47_an_early_413_reaches_the_client_while_it_still_uploads) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(upstream, kDefaultLimits)};
+  const std::uint64_t total = 8 * kMiB;
+  for (const std::string then : {"stall", "reset"}) {
+    BOOST_TEST_CONTEXT("the upstream answers after 64 KiB, then " << then) {
+      RawClient client(gateway.port(), kEventDeadline);
+      BOOST_TEST_REQUIRE(
+          !client.write(upload_head("/early?after=65536&status=413&then=" + then, total)));
+      // The client sends 128 KiB of its 8 MiB and waits for the answer: a gateway that read the
+      // response only after the whole request would never give it (kEventDeadline ends it).
+      BOOST_TEST_REQUIRE(!upload_range(client, 0, 128 * kKiB));
+      const Download d = read_download(client, {}, false);
+      BOOST_TEST_REQUIRE(d.status == 413u, d.describe() << "\n" << gateway.diagnostics());
+      BOOST_TEST(d.complete, d.describe());
+      BOOST_TEST(d.text == "early answer\n", d.describe());
+      BOOST_TEST(d.header("Connection").value_or("") == "close", d.describe());
+      // The rest of the body is not read: the connection closes after the answer, which the
+      // client sees as a failed write or, once all is written, as the end of the connection.
+      const auto wec = upload_range(client, 128 * kKiB, total);
+      BOOST_TEST((!wec || closed_by_peer(wec)), wec.message());
+      char byte = 0;
+      std::size_t got = 0;
+      const auto ec = client.read_some(&byte, 1, got);
+      BOOST_TEST(closed_by_peer(ec), "the connection stayed open: " << ec.message());
+    }
+  }
+  BOOST_TEST(upstream.counter("early_answers") == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C47_a_response_streams_to_the_client_while_the_upload_goes_on) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(upstream, kDefaultLimits)};
+  const std::uint64_t total = 2 * kMiB;
+  RawClient client(gateway.port(), kEventDeadline);
+  BOOST_TEST_REQUIRE(!client.write(upload_head("/duplex", total)));
+  BOOST_TEST_REQUIRE(!upload_range(client, 0, kPiece));
+  // The upstream answers each piece it reads; the client sends no more before it has the
+  // answer's first bytes (kEventDeadline ends a gateway that holds them back).
+  BOOST_TEST_REQUIRE(!client.read_header(), gateway.diagnostics());
+  BOOST_TEST_REQUIRE(client.parser().get().result_int() == 200u);
+  std::string text(256, '\0');
+  std::size_t got = 0;
+  while (got == 0) {
+    BOOST_TEST_REQUIRE(!client.read_body(text.data(), text.size(), got, true),
+                       gateway.diagnostics());
+  }
+  text.resize(got);
+  BOOST_TEST_MESSAGE("first bytes of the answer during the upload: " << text);
+  BOOST_TEST_REQUIRE(!upload_range(client, kPiece, total));
+  std::string piece(4096, '\0');
+  while (!client.parser().is_done()) {
+    const auto ec = client.read_body(piece.data(), piece.size(), got, true);
+    BOOST_TEST_REQUIRE(!ec, ec.message() << "\n" << gateway.diagnostics());
+    text.append(piece.data(), got);
+  }
+  // One line per piece the upstream read, the last one the whole body.
+  BOOST_TEST(text.ends_with("\n" + std::to_string(total) + "\n"), text.substr(0, 2000));
+  BOOST_TEST(upstream.counter("duplex_done") == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C47_a_keyed_early_413_is_relayed_committed_and_replayed) {
+  StreamUpstream upstream;
+  Gateway gateway{keyed_config(upstream, "{ max_request_body: 16MiB, drain_timeout: 2s }")};
+  const std::string body = pattern_text(8 * kMiB);
+  for (const std::string then : {"stall", "reset"}) {
+    BOOST_TEST_CONTEXT("the upstream answers after 64 KiB, then " << then) {
+      const HttpRequest request{
+          "POST",
+          "/early?after=65536&status=413&then=" + then,
+          {{"Host", "gateway.test"}, {"Idempotency-Key", unique_name("early-" + then)}},
+          body};
+      const HttpResponse first = http_request(kLoopback, gateway.port(), request, kEventDeadline);
+      BOOST_TEST(first.status == 413u, gateway.explain(first));
+      BOOST_TEST(first.body == "early answer\n");
+      BOOST_TEST(!first.header("Idempotent-Replayed").has_value(), describe(first));
+      // Stored like any answer whose status is storable (C15, C21): the retry is its replay.
+      const HttpResponse replay = http_request(kLoopback, gateway.port(), request, kEventDeadline);
+      BOOST_TEST(replay.status == 413u, gateway.explain(replay));
+      BOOST_TEST(replay.body == "early answer\n");
+      BOOST_TEST(replay.header("Idempotent-Replayed").value_or("") == "true", describe(replay));
+    }
+  }
+  BOOST_TEST(upstream.counter("early_requests") == 2u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C40_a_101_that_does_not_switch_to_the_requested_protocol_is_502) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(upstream, kDefaultLimits, true)};
+  const HeaderList upgrade = websocket_upgrade("tunnel.test");
+  // A 101 naming another protocol, and one naming none (RFC 9110 §7.8).
+  for (const std::string answer : {"h2c", ""}) {
+    BOOST_TEST_CONTEXT("101 with Upgrade '" << answer << "'") {
+      HttpConnection connection(kLoopback, gateway.port(), kEventDeadline);
+      const HttpResponse res =
+          connection.request({"GET", "/bad-upgrade?upgrade=" + answer, upgrade, ""});
+      BOOST_TEST(is_problem(res, 502), gateway.explain(res));
+      BOOST_TEST(!res.header("Upgrade").has_value(), describe(res));
+    }
+  }
+  BOOST_TEST(upstream.counter("bad_upgrades") == 2u);
+  BOOST_TEST(eventually([&] {
+               std::size_t refused = 0;
+               for (const auto& prefix : {"/bad-upgrade?upgrade=h2c", "/bad-upgrade?upgrade="})
+                 for (const auto& line : access_lines(gateway, prefix))
+                   if (str(line, "outcome") == "upstream_error") ++refused;
+               return refused == 2;
+             }),
+             gateway.diagnostics());
+}
+
+BOOST_AUTO_TEST_CASE(spec_C48_a_client_that_leaves_closes_the_upstream_connection_within_1s) {
+  StreamUpstream upstream;
+  GatewayConfig config = stream_config(upstream, kDefaultLimits);
+  // A gateway that kept the upstream connection until a timeout would keep it a minute.
+  config.upstreams.front().request_timeout = "60s";
+  config.upstreams.front().extra = {"idle_timeout: 60s"};
+  Gateway gateway{config};
+  std::uint64_t closed = 0;
+  for (const bool reset : {false, true}) {
+    // While the event stream is open and quiet, and while the client waits for its header.
+    for (const bool streaming : {true, false}) {
+      BOOST_TEST_CONTEXT("the client " << (reset ? "resets" : "closes") << " while "
+                                       << (streaming ? "the stream is open" : "it waits")) {
+        RawClient client(gateway.port(), kEventDeadline);
+        BOOST_TEST_REQUIRE(!client.write(get_request(streaming ? "/sse" : "/sse?head=0")));
+        if (streaming) {
+          BOOST_TEST_REQUIRE(!client.read_header(), gateway.diagnostics());
+          BOOST_TEST_REQUIRE(client.parser().get().result_int() == 200u);
+          char event[64];
+          std::size_t got = 0;
+          while (got == 0) BOOST_TEST_REQUIRE(!client.read_body(event, sizeof event, got, true));
+          BOOST_TEST(std::string_view(event, got) == "data: hello\n\n");
+        } else {
+          BOOST_TEST_REQUIRE(upstream.wait_for_counter("sse_open", 1), gateway.diagnostics());
+        }
+        const auto left = Clock::now();
+        client.close(reset);
+        ++closed;
+        BOOST_TEST_REQUIRE(upstream.wait_for_counter("sse_closed", closed),
+                           "the upstream connection stayed open\n"
+                               << gateway.diagnostics());
+        const auto after = Clock::now() - left;
+        BOOST_TEST_MESSAGE("upstream connection closed "
+                           << std::chrono::duration<double>(after).count()
+                           << " s after the client left");
+        BOOST_TEST((after <= spec::kUpstreamCloseAfterClient + spec::kCloseMargin));  // SPEC C48
+      }
+    }
+  }
+  // Each access line says the client closed.
+  BOOST_TEST(eventually([&] {
+               std::size_t said = 0;
+               for (const std::string target : {"/sse", "/sse?head=0"})
+                 for (const auto& line : access_lines(gateway, target))
+                   if (str(line, "ended") == "client_closed") ++said;
+               return said == 4;
+             }),
+             gateway.diagnostics());
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -27,6 +27,10 @@ inline constexpr std::chrono::milliseconds kAfterPromotion{1000};
 /// new key every few milliseconds, and its own round trip (under the sanitizers) ends the span.
 inline constexpr std::chrono::milliseconds kAfterPromotionMargin{500};
 
+/// SPEC C48: "the upstream connection is closed within 1 s" of the client closing or resetting
+/// its connection. Measured with kCloseMargin on top.
+inline constexpr std::chrono::milliseconds kUpstreamCloseAfterClient{1000};
+
 /// Margin on a moment SPEC names for a close: SPEC C40 "SIGTERM closes tunnels at the end of
 /// `drain_timeout`". The close follows the drain's timer; the margin covers the test's reading
 /// thread and the gateway's shutdown of the connection on a loaded machine.

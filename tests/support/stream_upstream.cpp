@@ -9,6 +9,18 @@
 //   POST /sink[?rate=BYTES_PER_SEC]                    reads the body as it comes; answers
 //                                                      {"bytes":N,"pattern_ok":bool}
 //   GET  /die?n=N&total=T[&chunked=1]                  announces T bytes, writes N, closes
+//   POST /early?after=N&status=S&then=stall|reset|drain
+//                                                      reads N body bytes, answers S (with
+//                                                      `Connection: close`), then stops reading
+//                                                      (and closes after a minute), resets the
+//                                                      connection, or reads the rest and closes
+//   POST /duplex                                       a chunked 200 at once, then one chunk
+//                                                      "<bytes so far>\n" per piece of the
+//                                                      (Content-Length) body as it is read
+//   GET  /sse[?head=0]                                 a server-sent-events stream: the header and
+//                                                      one event (none with head=0), then nothing
+//                                                      until the peer closes
+//   GET  /bad-upgrade?upgrade=P                        101 with `Upgrade: P` (none when empty)
 //   GET  /ws                                           WebSocket echo (426 without an upgrade)
 //   GET  /headers                                      the request's fields as JSON
 //   GET  /stats                                        counters as JSON
@@ -86,6 +98,13 @@ struct Stats {
   std::uint64_t ws_messages = 0;
   std::uint64_t h2c_upgrades = 0;
   std::uint64_t headers_requests = 0;
+  std::uint64_t early_requests = 0;  ///< /early request headers received
+  std::uint64_t early_answers = 0;   ///< /early answers written
+  std::uint64_t early_drained = 0;   ///< /early bodies read to their end after the answer
+  std::uint64_t duplex_done = 0;     ///< /duplex bodies read to their end and answered
+  std::uint64_t sse_open = 0;        ///< /sse streams whose peer has not closed yet
+  std::uint64_t sse_closed = 0;      ///< /sse streams whose peer closed or reset
+  std::uint64_t bad_upgrades = 0;
 };
 Stats stats;
 
@@ -144,7 +163,14 @@ json::object stats_json() {
           {"ws_open", stats.ws_open},
           {"ws_messages", stats.ws_messages},
           {"h2c_upgrades", stats.h2c_upgrades},
-          {"headers_requests", stats.headers_requests}};
+          {"headers_requests", stats.headers_requests},
+          {"early_requests", stats.early_requests},
+          {"early_answers", stats.early_answers},
+          {"early_drained", stats.early_drained},
+          {"duplex_done", stats.duplex_done},
+          {"sse_open", stats.sse_open},
+          {"sse_closed", stats.sse_closed},
+          {"bad_upgrades", stats.bad_upgrades}};
 }
 
 /// Sleeps until `sent` bytes at `rate` bytes/s from `start` are due.
@@ -263,7 +289,8 @@ asio::awaitable<boost::system::error_code> fill(beast::tcp_stream& stream,
 asio::awaitable<boost::system::error_code> take(beast::tcp_stream& stream,
                                                 beast::flat_buffer& buffer, std::uint64_t n,
                                                 BodyResult& result, std::uint64_t rate,
-                                                Clock::time_point start) {
+                                                Clock::time_point start,
+                                                std::uint64_t& counted = stats.sink_bytes_total) {
   while (n > 0) {
     if (buffer.size() == 0) {
       if (auto ec = co_await fill(stream, buffer, 1)) co_return ec;
@@ -273,7 +300,7 @@ asio::awaitable<boost::system::error_code> take(beast::tcp_stream& stream,
     if (result.pattern_ok && !pattern_matches(data, len, result.bytes)) result.pattern_ok = false;
     buffer.consume(len);
     result.bytes += len;
-    stats.sink_bytes_total += len;
+    counted += len;
     n -= len;
     co_await pace(rate, start, result.bytes);
   }
@@ -336,6 +363,87 @@ asio::awaitable<BodyResult> read_sink_body(beast::tcp_stream& stream, beast::fla
     if (length == 2) break;
   }
   co_return result;
+}
+
+/// /early: an answer before the whole request body was read (SPEC C47), as upstreams refusing
+/// an upload do. Returns false: the connection is done with.
+asio::awaitable<bool> early_answer(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+                                   const bhttp::request_parser<bhttp::buffer_body>& parser,
+                                   const std::map<std::string, std::string, std::less<>>& query) {
+  ++stats.early_requests;
+  const std::uint64_t length = parser.content_length().value_or(0);
+  const std::uint64_t after = std::min(number(query, "after"), length);
+  std::uint64_t ignored = 0;
+  BodyResult body;
+  if (co_await take(stream, buffer, after, body, 0, Clock::now(), ignored)) co_return false;
+  const auto status = static_cast<unsigned>(number(query, "status", 413));
+  const auto it = query.find("then");
+  const std::string then = it == query.end() ? "stall" : it->second;
+  if (!co_await write_response(stream, status, "Early", "text/plain", "early answer\n", false))
+    co_return false;
+  ++stats.early_answers;
+  log_line("early answer", {{"after", body.bytes}, {"then", then}});
+  boost::system::error_code ec;
+  if (then == "reset") {
+    stream.socket().set_option(tcp::socket::linger(true, 0), ec);
+    stream.socket().close(ec);
+  } else if (then == "drain") {
+    if (!co_await take(stream, buffer, length - after, body, 0, Clock::now(), ignored))
+      ++stats.early_drained;
+    stream.socket().close(ec);
+  } else {
+    // Reads nothing more; the gateway is the one to close.
+    asio::steady_timer timer(co_await asio::this_coro::executor, std::chrono::minutes(1));
+    co_await timer.async_wait(use_nothrow);
+  }
+  co_return false;
+}
+
+/// /duplex: a response that streams while the upload goes on (SPEC C47): the header at once,
+/// then a chunk per piece of the body read.
+asio::awaitable<bool> duplex(beast::tcp_stream& stream, beast::flat_buffer& buffer,
+                             const bhttp::request_parser<bhttp::buffer_body>& parser,
+                             bool keep_alive) {
+  std::string head =
+      "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n";
+  if (!keep_alive) head += "Connection: close\r\n";
+  if (!co_await write_text(stream, head + "\r\n")) co_return false;
+  std::uint64_t left = parser.content_length().value_or(0);
+  std::uint64_t read = 0;
+  while (left > 0) {
+    if (buffer.size() == 0) {
+      if (co_await fill(stream, buffer, 1)) co_return false;
+    }
+    const auto len = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), left));
+    buffer.consume(len);
+    left -= len;
+    read += len;
+    const std::string line = std::to_string(read) + "\n";
+    if (!co_await write_text(stream, hex(line.size()) + "\r\n" + line + "\r\n")) co_return false;
+  }
+  ++stats.duplex_done;
+  co_return co_await write_text(stream, "0\r\n\r\n");
+}
+
+/// /sse: an event stream that stays open, quiet, until the peer goes (SPEC C48).
+asio::awaitable<void> event_stream(beast::tcp_stream& stream, bool head) {
+  ++stats.sse_open;
+  if (head) {
+    const std::string event = "data: hello\n\n";
+    co_await write_text(stream,
+                        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                        "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n\r\n" +
+                            hex(event.size()) + "\r\n" + event + "\r\n");
+  }
+  char byte = 0;
+  boost::system::error_code ec;
+  while (!ec) {
+    auto [rec, n] = co_await stream.async_read_some(asio::buffer(&byte, 1), use_nothrow);
+    ec = rec;
+  }
+  --stats.sse_open;
+  ++stats.sse_closed;
+  log_line("event stream closed by the peer", {{"error", ec.message()}});
 }
 
 bool upgrade_names(const bhttp::request_header<>& req, std::string_view protocol) {
@@ -408,6 +516,31 @@ asio::awaitable<void> serve(tcp::socket socket) {
       co_await write_text(stream,
                           "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n"
                           "Upgrade: h2c\r\n\r\n");
+      break;
+    }
+    if (path == "/bad-upgrade") {
+      // A 101 that does not switch to what the client asked for (SPEC C40).
+      ++stats.bad_upgrades;
+      const auto it = query.find("upgrade");
+      const std::string upgrade = it == query.end() ? "" : it->second;
+      // Built before the co_await: GCC 12 mishandles a conditional's temporaries inside one.
+      std::string answer = "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n";
+      if (!upgrade.empty()) answer += "Upgrade: " + upgrade + "\r\n";
+      answer += "\r\n";
+      co_await write_text(stream, answer);
+      break;
+    }
+    if (path == "/early") {
+      co_await early_answer(stream, buffer, parser, query);
+      break;
+    }
+    if (path == "/duplex") {
+      if (!co_await duplex(stream, buffer, parser, keep_alive)) break;
+      if (keep_alive) continue;
+      break;
+    }
+    if (path == "/sse") {
+      co_await event_stream(stream, number(query, "head", 1) != 0);
       break;
     }
     if (path == "/ws" && websocket::is_upgrade(parser.get())) {

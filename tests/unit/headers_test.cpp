@@ -91,6 +91,20 @@ BOOST_AUTO_TEST_CASE(spec_C02_forwarding_fields_without_prior_values_or_host) {
   BOOST_TEST(f["Via"] == "1.1 idemgate");
 }
 
+BOOST_AUTO_TEST_CASE(spec_C40_upgrade_names_a_protocol_by_name_without_its_version) {
+  http::Fields f;
+  BOOST_TEST(!http::upgrade_names(f, "websocket"));  // no Upgrade at all
+  f.insert("Upgrade", "h2c");
+  BOOST_TEST(!http::upgrade_names(f, "websocket"));
+  f.insert("Upgrade", " WebSocket/13 , foo");
+  BOOST_TEST(http::upgrade_names(f, "websocket"));
+  BOOST_TEST(http::upgrade_names(f, "foo"));
+  BOOST_TEST(!http::upgrade_names(f, "web"));
+  http::Fields empty_entry;
+  empty_entry.insert("Upgrade", "");
+  BOOST_TEST(!http::upgrade_names(empty_entry, "websocket"));
+}
+
 BOOST_AUTO_TEST_CASE(has_token_reads_every_field_of_the_name_as_a_token_list) {
   http::Fields f;
   f.insert("Vary", " Accept ,, Accept-Encoding");

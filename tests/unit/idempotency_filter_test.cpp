@@ -473,6 +473,36 @@ BOOST_AUTO_TEST_CASE(spec_C29_large_body_is_stored_without_body_and_never_reexec
   BOOST_TEST(executions == 1);
 }
 
+BOOST_AUTO_TEST_CASE(spec_C39_a_response_passed_on_unheld_is_stored_without_body) {
+  // The forwarder did not hold the body (it is past max_stored_response and still on its way to
+  // the client): the record keeps status and fields, and the replays, the marker's included,
+  // say the body was omitted.
+  const auto req = request("k1");
+  const auto passed_on = [this]() -> asio::awaitable<UpstreamReply> {
+    ++executions;
+    UpstreamReply reply;
+    reply.kind = UpstreamReply::Kind::response;
+    reply.response.status = 200;
+    reply.response.headers = {{"Content-Type", "application/octet-stream"}};
+    reply.response.body_omitted = true;
+    co_return reply;
+  };
+  const FilterResult first = run(req, passed_on);
+  BOOST_TEST(static_cast<int>(first.outcome) == static_cast<int>(Outcome::executed));
+  const StoredRecord* stored = store.get(req.id);
+  BOOST_REQUIRE(stored != nullptr);
+  BOOST_TEST(stored->response.body_omitted);
+  BOOST_TEST(stored->response.status == 200);
+  const auto marker = decode_replay_marker(lock.owner(req.id));
+  BOOST_REQUIRE(marker.has_value());
+  BOOST_REQUIRE(marker->response.has_value());
+  BOOST_TEST(marker->response->body_omitted);
+  const FilterResult replay = run(req, upstream(200));
+  BOOST_TEST(static_cast<int>(replay.outcome) == static_cast<int>(Outcome::replayed));
+  BOOST_TEST(replay.response.body_omitted);
+  BOOST_TEST(executions == 1);
+}
+
 BOOST_AUTO_TEST_CASE(spec_C36_existing_record_wins_over_a_duplicate_execution) {
   const auto req = request("k1");
   store.before_insert = [&] {
