@@ -37,8 +37,8 @@ bool upgrade_names(const Fields& fields, std::string_view protocol) {
     std::string_view rest = f.value();
     for (;;) {
       const auto comma = rest.find(',');
-      const auto entry = trim(rest.substr(0, comma));
-      if (boost::beast::iequals(trim(entry.substr(0, entry.find('/'))), protocol)) return true;
+      const auto entry = common::trim_ows(rest.substr(0, comma));
+      if (boost::beast::iequals(common::trim_ows(entry.substr(0, entry.find('/'))), protocol)) return true;
       if (comma == std::string_view::npos) break;
       rest.remove_prefix(comma + 1);
     }
