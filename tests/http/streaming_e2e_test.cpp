@@ -33,6 +33,7 @@
 #include "tests/ops/ops_support.hpp"
 #include "tests/support/pattern_body.hpp"
 #include "tests/support/process_memory.hpp"
+#include "tests/support/scraping.hpp"
 #include "tests/support/spec_bounds.hpp"
 
 namespace {
@@ -1068,7 +1069,7 @@ boost::system::error_code upload_range(RawClient& client, std::uint64_t from, st
 /// The access lines of `gateway` for `target`.
 std::vector<json::object> access_lines(const Gateway& gateway, const std::string& target) {
   std::vector<json::object> out;
-  for (auto& o : log_objects(gateway.stderr_text()))
+  for (auto& o : idemgate::test::log_lines(gateway.stderr_text()))
     if (str(o, "msg") == "access" && str(o, "target") == target) out.push_back(std::move(o));
   return out;
 }
