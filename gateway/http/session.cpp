@@ -330,9 +330,10 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
   // is complete, or already wrong (then the real parser below reports the same error).
   const auto header_limit = static_cast<std::uint32_t>(
       std::min<std::size_t>(limits.max_header_bytes, std::numeric_limits<std::uint32_t>::max()));
-  // A header that needs more reads (a slow client, slowloris: C54) waits under the thread's
-  // deadline list rather than Beast's per-operation timer, and is read only once readable: a byte
-  // then costs one readiness wait and one read, no timer operation and no empty read.
+  // A header that needs more reads (a slow client, slowloris: C54) is read from the socket under
+  // the thread's deadline list rather than Beast's per-operation timer: a byte then costs no
+  // timer operation. (A readiness wait would cost an epoll_ctl per byte: Asio re-arms the
+  // descriptor for every operation that is not tried at once.)
   HeaderDeadlines::Entry slow_header;
   std::optional<HeaderDeadlines::Guard> slow_header_guard;
   for (;;) {
@@ -345,20 +346,13 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
       if (context_->header_deadlines) {
         auto& socket = lowest().socket();
         if (!slow_header_guard) {
-          boost::system::error_code nec;
-          socket.non_blocking(true, nec);  // synchronous reads below; asynchronous ones unaffected
-          if (nec) co_return false;
           lowest().expires_never();
           slow_header.deadline = header_deadline;
           slow_header.socket = &socket;
           slow_header_guard.emplace(*context_->header_deadlines, slow_header);
         }
-        auto [wec] = co_await socket.async_wait(tcp::socket::wait_read, use_nothrow);
-        if (wec) co_return false;  // closed at its deadline, or by a drain
-        boost::system::error_code rec;
-        const auto rn = socket.read_some(read_room(buffer), rec);
-        if (rec == asio::error::would_block || rec == asio::error::try_again) continue;
-        if (rec) co_return false;  // EOF or reset before a whole header: end silently
+        auto [rec, rn] = co_await socket.async_read_some(read_room(buffer), use_nothrow);
+        if (rec) co_return false;  // EOF, reset, or closed at its deadline or by a drain
         buffer.commit(rn);
         continue;
       }
