@@ -1,7 +1,10 @@
 // Keeps N connections to an HTTP server open, each sending the header of a request one byte per
 // interval and never finishing it (slowloris; S10 of scripts/bench, SPEC C54). A connection the
 // server closes is counted with how long it lived and replaced by a new one, so that N stay open
-// until stdin closes.
+// until stdin closes. One ticker sends the bytes of every connection, a hundredth of them every
+// hundredth of the interval (each connection its byte per interval), so that the tool itself
+// costs a write per byte and no timer per connection: on a machine it shares with the server
+// under test, its own cost should count as little as it can.
 //
 //   slow_headers --host 127.0.0.1 --port P --connections N [--interval-ms 1000]
 //                [--max-connecting 256]
@@ -14,12 +17,10 @@
 #include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <boost/asio/write.hpp>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
@@ -36,7 +37,6 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 using idemgate::common::use_nothrow;
-using namespace asio::experimental::awaitable_operators;
 
 struct Run {
   explicit Run(asio::io_context& io) : connect_slot(io, asio::steady_timer::time_point::max()) {}
@@ -51,6 +51,9 @@ struct Run {
   asio::steady_timer connect_slot;
   int open = 0;
   int refused = 0;
+  // Per slot: its connection while it is open (null otherwise) and the header bytes it sent.
+  std::vector<tcp::socket*> sockets;
+  std::vector<std::size_t> sent;
   bool ready_reported = false;
   std::vector<double> lived_ms;  // of the connections the server closed
 };
@@ -60,27 +63,37 @@ char header_byte(const Run& run, std::size_t i) {
   return i < run.header.size() ? run.header[i] : 'x';
 }
 
-// Sends a byte per interval until a write fails (or the wait is cancelled: the server closed).
-asio::awaitable<void> trickle(const Run* run, tcp::socket* socket) {
+constexpr int kPhases = 100;  // the ticker's steps per interval
+
+// Every interval/kPhases, sends the next header byte of the open connections of that phase
+// (slot index modulo kPhases). A write that fails closes its socket, which ends its slot's wait.
+asio::awaitable<void> ticker(Run* run) {
   asio::steady_timer tick(co_await asio::this_coro::executor);
-  for (std::size_t sent = 0;; ++sent) {
-    const char byte = header_byte(*run, sent);
-    auto [ec, n] = co_await asio::async_write(*socket, asio::buffer(&byte, 1), use_nothrow);
+  auto next = Clock::now();
+  for (int phase = 0;; phase = (phase + 1) % kPhases) {
+    for (std::size_t i = static_cast<std::size_t>(phase); i < run->sockets.size(); i += kPhases) {
+      tcp::socket* socket = run->sockets[i];
+      if (socket == nullptr) continue;
+      const char byte = header_byte(*run, run->sent[i]++);
+      boost::system::error_code ec;
+      socket->send(asio::buffer(&byte, 1), 0, ec);  // non-blocking: one byte always fits
+      if (ec) socket->close(ec);
+    }
+    next += run->interval / kPhases;
+    tick.expires_at(next);
+    auto [ec] = co_await tick.async_wait(use_nothrow);
     if (ec) co_return;
-    tick.expires_after(run->interval);
-    auto [tec] = co_await tick.async_wait(use_nothrow);
-    if (tec) co_return;
   }
 }
 
 // Ends when the server closes the connection (or answers it, which also means a refusal: the
-// header never completes). One wait per connection, not one per byte.
+// header never completes), or the ticker closed it. One wait per connection, not one per byte.
 asio::awaitable<void> until_closed(tcp::socket* socket) {
   co_await socket->async_wait(tcp::socket::wait_read, use_nothrow);
 }
 
 // One slot: connect, send a byte per interval until the server closes, then start again.
-asio::awaitable<void> slot(Run* run) {
+asio::awaitable<void> slot(Run* run, std::size_t index) {
   auto executor = co_await asio::this_coro::executor;
   for (;;) {
     while (run->connecting >= run->max_connecting) {
@@ -104,8 +117,13 @@ asio::awaitable<void> slot(Run* run) {
       std::fflush(stdout);
     }
     const auto opened = Clock::now();
+    boost::system::error_code nec;
+    socket.non_blocking(true, nec);
+    run->sockets[index] = &socket;
+    run->sent[index] = 0;
     // The run ends by stopping the io_context, so this returns only when the server cut it.
-    co_await (trickle(run, &socket) || until_closed(&socket));
+    co_await until_closed(&socket);
+    run->sockets[index] = nullptr;
     --run->open;
     run->lived_ms.push_back(
         std::chrono::duration<double, std::milli>(Clock::now() - opened).count());
@@ -141,11 +159,13 @@ int main(int argc, char** argv) {
   run.interval = std::chrono::milliseconds(interval_ms);
   run.target = connections;
   run.max_connecting = std::max(1, max_connecting);
-  for (int i = 0; i < connections; ++i) {
-    asio::co_spawn(io, slot(&run), [](std::exception_ptr e) {
-      if (e) std::rethrow_exception(e);
-    });
-  }
+  run.sockets.assign(static_cast<std::size_t>(std::max(0, connections)), nullptr);
+  run.sent.assign(run.sockets.size(), 0);
+  const auto rethrow = [](std::exception_ptr e) {
+    if (e) std::rethrow_exception(e);
+  };
+  for (std::size_t i = 0; i < run.sockets.size(); ++i) asio::co_spawn(io, slot(&run, i), rethrow);
+  asio::co_spawn(io, ticker(&run), rethrow);
   // EOF on stdin ends the run: the figures, then every socket closes with the io_context.
   const idemgate::bench::StdinWatch watch(io, [&] {
     auto& v = run.lived_ms;

@@ -31,7 +31,9 @@ struct Server::Worker {
         acceptor(io_context),
         drain_timer(io_context),
         accept_wake(io_context),
-        context(std::make_shared<SessionContext>()) {}
+        context(std::make_shared<SessionContext>()) {
+    context->header_deadlines = std::make_unique<HeaderDeadlines>(io_context.get_executor());
+  }
   unsigned index;
   asio::io_context io_context{1};
   tcp::acceptor acceptor;

@@ -31,6 +31,7 @@
 #include "gateway/common/log_on_exception.hpp"
 #include "gateway/common/use_nothrow.hpp"
 #include "gateway/http/body_reader.hpp"
+#include "gateway/http/header_deadlines.hpp"
 #include "gateway/http/headers.hpp"
 #include "gateway/http/problem.hpp"
 #include "gateway/http/relay.hpp"
@@ -322,21 +323,47 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
   // A request the gateway refuses itself (C03, C04); the connection closes after the answer.
   std::optional<Problem> reject;
   std::string reject_detail;
-  lowest().expires_after(limits.header_read_timeout);
+  const auto header_deadline = Clock::now() + limits.header_read_timeout;
+  lowest().expires_at(header_deadline);
   // The whole header section is read before Beast parses it, so that it can be checked for
   // obs-fold, which the parser would unfold out of sight. A probe parser tells when the section
   // is complete, or already wrong (then the real parser below reports the same error).
   const auto header_limit = static_cast<std::uint32_t>(
       std::min<std::size_t>(limits.max_header_bytes, std::numeric_limits<std::uint32_t>::max()));
+  // A header that needs more reads (a slow client, slowloris: C54) is read from the socket under
+  // the thread's deadline list rather than Beast's per-operation timer: a byte then costs no
+  // timer operation. (A readiness wait would cost an epoll_ctl per byte: Asio re-arms the
+  // descriptor for every operation that is not tried at once.)
+  HeaderDeadlines::Entry slow_header;
+  std::optional<HeaderDeadlines::Guard> slow_header_guard;
   for (;;) {
     bhttp::request_parser<bhttp::empty_body> probe;
     probe.header_limit(header_limit);
     boost::system::error_code pec;
     probe.put(buffer.data(), pec);
     if (pec != bhttp::error::need_more) break;
+    if constexpr (!kTls) {
+      if (context_->header_deadlines) {
+        auto& socket = lowest().socket();
+        if (!slow_header_guard) {
+          lowest().expires_never();
+          slow_header.deadline = header_deadline;
+          slow_header.socket = &socket;
+          slow_header_guard.emplace(*context_->header_deadlines, slow_header);
+        }
+        auto [rec, rn] = co_await socket.async_read_some(read_room(buffer), use_nothrow);
+        if (rec) co_return false;  // EOF, reset, or closed at its deadline or by a drain
+        buffer.commit(rn);
+        continue;
+      }
+    }
     auto [rec, rn] = co_await stream_.async_read_some(read_room(buffer), use_nothrow);
     if (rec) co_return false;  // EOF, reset or timeout before a whole header: end silently
     buffer.commit(rn);
+  }
+  if (slow_header_guard) {
+    slow_header_guard.reset();
+    lowest().expires_at(header_deadline);  // what is left of the header is parsed under it
   }
   const bool folded = has_obs_fold({static_cast<const char*>(buffer.data().data()), buffer.size()});
   boost::system::error_code hec;

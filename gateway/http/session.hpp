@@ -15,6 +15,7 @@
 #include "gateway/http/admission.hpp"
 #include "gateway/http/connection_gate.hpp"
 #include "gateway/http/handler.hpp"
+#include "gateway/http/header_deadlines.hpp"
 
 namespace idemgate::http {
 
@@ -57,6 +58,9 @@ struct SessionContext {
   /// Load shedding (SPEC C52 max_tunnels, C53 max_in_flight); null: nothing is shed. Shared by
   /// the threads; owned by the Server.
   Admission* admission = nullptr;
+  /// The thread's deadlines of request headers that take more than one read (C07, C54); null:
+  /// each session times such a header with its own timer.
+  std::unique_ptr<HeaderDeadlines> header_deadlines;
 };
 
 /// Serves one client connection until the client closes it, a limit or timeout ends it, or the

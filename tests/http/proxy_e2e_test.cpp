@@ -843,6 +843,31 @@ BOOST_FIXTURE_TEST_CASE(spec_C07_client_sending_headers_too_slowly_is_disconnect
   BOOST_TEST(a.requests().empty());
 }
 
+BOOST_FIXTURE_TEST_CASE(spec_C07_a_header_sent_a_byte_at_a_time_is_cut_at_header_read_timeout,
+                        Env) {
+  // header_read_timeout bounds the whole header section, not each read: a client that keeps
+  // sending a byte every 20 ms never completes it in time (slowloris, C54).
+  cfg->limits.header_read_timeout = 300ms;
+  Client client(start());
+  BOOST_REQUIRE(!client.send("P"));  // the connection's first read
+  const auto begun = std::chrono::steady_clock::now();
+  const std::string rest =
+      "OST /u/echo HTTP/1.1\r\nHost: gateway.test\r\nX-Slow: " + std::string(64 * 1024, 'a') +
+      "\r\n\r\n";
+  bool cut = false;
+  for (std::size_t i = 0; i < rest.size(); ++i) {
+    if (client.send(rest.substr(i, 1))) {
+      cut = true;
+      break;
+    }
+    if (std::chrono::steady_clock::now() - begun > kEventDeadline) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  BOOST_TEST(cut);
+  BOOST_TEST(std::chrono::steady_clock::now() - begun >= 300ms);  // C07: never before it
+  BOOST_TEST(a.requests().empty());
+}
+
 BOOST_FIXTURE_TEST_CASE(spec_C07_idle_keep_alive_connection_closes_after_idle_timeout, Env) {
   cfg->limits.idle_timeout = 200ms;  // header_read_timeout stays 30s, beyond kEventDeadline
   Client client(start());

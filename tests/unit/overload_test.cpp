@@ -1,12 +1,16 @@
 #define BOOST_TEST_MODULE overload
 #include <boost/test/unit_test.hpp>
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <chrono>
 #include <string>
 
 #include "gateway/config/config_loader.hpp"
 #include "gateway/descriptor_budget.hpp"
 #include "gateway/http/admission.hpp"
 #include "gateway/http/connection_gate.hpp"
+#include "gateway/http/header_deadlines.hpp"
 #include "tests/support/config_text.hpp"
 
 // SPEC §7 without a network: the keys of C52-C54 (defaults, and every bad value refused with
@@ -16,6 +20,7 @@
 namespace cfg = idemgate::config;
 using idemgate::http::Admission;
 using idemgate::http::ConnectionGate;
+using idemgate::http::HeaderDeadlines;
 
 namespace {
 
@@ -209,6 +214,63 @@ BOOST_AUTO_TEST_CASE(spec_C52_tunnels_past_max_tunnels_are_refused) {
   moved = Admission::Ticket();
   BOOST_TEST(admission.tunnels() == 0u);
   BOOST_TEST(!static_cast<bool>(admission.open_tunnel(0)));  // max_tunnels 0: no upgrades
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(header_deadlines)
+
+namespace {
+
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+
+asio::ip::tcp::socket open_socket(asio::io_context& io) {
+  asio::ip::tcp::socket socket(io);
+  socket.open(asio::ip::tcp::v4());
+  return socket;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C07_C54_slow_headers_are_closed_at_their_deadline_unless_removed) {
+  asio::io_context io;
+  HeaderDeadlines deadlines(io.get_executor());
+  auto late = open_socket(io), early = open_socket(io), done = open_socket(io);
+  const auto now = HeaderDeadlines::Clock::now();
+  HeaderDeadlines::Entry late_entry{{}, now + 40ms, &late};
+  HeaderDeadlines::Entry early_entry{{}, now + 10ms, &early};  // earlier: the timer is re-armed
+  HeaderDeadlines::Entry done_entry{{}, now + 5ms, &done};
+  HeaderDeadlines::Guard late_guard(deadlines, late_entry);
+  HeaderDeadlines::Guard early_guard(deadlines, early_entry);
+  {
+    HeaderDeadlines::Guard done_guard(deadlines, done_entry);
+    BOOST_TEST(deadlines.size() == 3u);
+  }  // its header arrived in time
+  BOOST_TEST(deadlines.size() == 2u);
+  io.run();  // returns once nothing is left to time
+  BOOST_TEST(!late.is_open());
+  BOOST_TEST(!early.is_open());
+  BOOST_TEST(done.is_open());
+  BOOST_TEST(deadlines.expired() == 2u);
+  BOOST_TEST(deadlines.size() == 0u);
+  BOOST_TEST(HeaderDeadlines::Clock::now() >= now + 40ms);  // never before the deadline
+}
+
+BOOST_AUTO_TEST_CASE(spec_C07_C54_a_deadline_ahead_leaves_its_connection_open) {
+  asio::io_context io;
+  HeaderDeadlines deadlines(io.get_executor());
+  auto waiting = open_socket(io), past = open_socket(io);
+  const auto now = HeaderDeadlines::Clock::now();
+  HeaderDeadlines::Entry waiting_entry{{}, now + 1h, &waiting};
+  HeaderDeadlines::Entry past_entry{{}, now - 1ms, &past};
+  HeaderDeadlines::Guard waiting_guard(deadlines, waiting_entry);
+  HeaderDeadlines::Guard past_guard(deadlines, past_entry);
+  io.run_for(50ms);
+  BOOST_TEST(!past.is_open());
+  BOOST_TEST(waiting.is_open());
+  BOOST_TEST(deadlines.expired() == 1u);
+  BOOST_TEST(deadlines.size() == 1u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()
