@@ -254,7 +254,7 @@ BOOST_AUTO_TEST_CASE(spec_C07_C54_slow_headers_are_closed_at_their_deadline_unle
   BOOST_TEST(done.is_open());
   BOOST_TEST(deadlines.expired() == 2u);
   BOOST_TEST(deadlines.size() == 0u);
-  BOOST_TEST(HeaderDeadlines::Clock::now() >= now + 40ms);  // never before the deadline
+  BOOST_TEST((HeaderDeadlines::Clock::now() >= now + 40ms));  // never before the deadline
 }
 
 BOOST_AUTO_TEST_CASE(spec_C07_C54_a_deadline_ahead_leaves_its_connection_open) {
