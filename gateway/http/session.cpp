@@ -217,10 +217,14 @@ BasicSession<Stream>::~BasicSession() {
 
 template <class Stream>
 void BasicSession<Stream>::drain() {
+  close_after_response_ = true;
   if (state_ == State::idle) {
-    close();
-  } else {
-    close_after_response_ = true;
+    // Cancelled, not closed: a read that already completed with a request's bytes (its handler
+    // queued behind this one) is then served and answered with Connection: close, where a
+    // closed socket would have let it run with nowhere to write its answer. A read still
+    // waiting ends with operation_aborted and the connection closes unread (C45).
+    boost::system::error_code ignored;
+    lowest().socket().cancel(ignored);
   }
 }
 
@@ -353,6 +357,9 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
         }
         auto [rec, rn] = co_await socket.async_read_some(read_room(buffer), use_nothrow);
         if (rec) co_return false;  // EOF, reset, or closed at its deadline or by a drain
+        // Closed at its deadline after these bytes were read: not served (the answer could not
+        // be written).
+        if (!socket.is_open()) co_return false;
         buffer.commit(rn);
         continue;
       }

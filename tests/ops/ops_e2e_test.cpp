@@ -6,14 +6,17 @@
 
 #include <boost/test/unit_test.hpp>
 #include <fstream>
+#include <latch>
 #include <thread>
 
 #include "gateway/core/replay_marker.hpp"
 #include "tests/ops/ops_support.hpp"
+#include "tests/support/polling.hpp"
 
 namespace idemgate::test::ops {
 namespace {
 
+using namespace std::chrono_literals;
 using e2e::GatewayConfig;
 using e2e::is_problem;
 using e2e::keyed_post;
@@ -237,6 +240,77 @@ BOOST_AUTO_TEST_CASE(sigterm_drains_a_request_in_flight_stores_its_record_marks_
   // The lock became the committed marker before the process exited (C23).
   e2e::RedisClient redis;
   BOOST_TEST(idemgate::core::is_replay_marker(redis.get(e2e::lock_key(id)).value_or("")));
+}
+
+// Requests written on idle connections as the drain begins: each one is either served or
+// closed unread and never executed. A request the gateway
+// runs but cannot answer would leave its client without the answer it paid for (C45).
+BOOST_AUTO_TEST_CASE(spec_C45_a_request_arriving_as_the_drain_begins_is_answered_or_not_run) {
+  constexpr int kConnections = 200;
+  TestUpstream upstream;
+  upstream.on("/pay/hold", {held()});
+  OpsGateway gateway(config_for(upstream, {route("pay", "/pay", "required")}).render());
+  // A held request keeps the process draining while the answers are read.
+  HttpResponse hold_answer;
+  std::thread holder(
+      [&] { hold_answer = gateway.send(keyed_post("/pay/hold", unique_name("hold"), "{}")); });
+  BOOST_TEST_REQUIRE(upstream.wait_for("/pay/hold", 1));
+
+  // Fresh connections, each writing its request as soon as it is open, go out in a burst from
+  // several threads with the signal in the middle of it: some are accepted just before the
+  // drain, their request already waiting to be read.
+  constexpr int kWriters = 8;
+  std::vector<std::unique_ptr<HttpConnection>> connections(kConnections);
+  std::vector<char> written(kConnections, 0);
+  std::latch start(kWriters + 1);
+  {
+    std::vector<std::jthread> writers;
+    for (int w = 0; w < kWriters; ++w) {
+      writers.emplace_back([&, w] {
+        start.arrive_and_wait();
+        for (int i = w; i < kConnections; i += kWriters) {
+          try {
+            connections[i] = std::make_unique<HttpConnection>(kLoopback, gateway.port(), 10s);
+            connections[i]->send(
+                keyed_post("/pay/race/" + std::to_string(i), unique_name("race"), "{}"));
+            written[i] = 1;
+          } catch (const boost::system::system_error&) {
+            // refused or closed by the drain before the request went out
+          }
+        }
+      });
+    }
+    start.arrive_and_wait();
+    gateway.signal(SIGTERM);
+  }
+  int answered = 0;
+  int unanswered = 0;
+  for (int i = 0; i < kConnections; ++i) {
+    const std::string path = "/pay/race/" + std::to_string(i);
+    std::optional<HttpResponse> answer;
+    if (written[i]) {
+      try {
+        answer = connections[i]->read_response();
+      } catch (const boost::system::system_error&) {
+        // closed unread
+      }
+    }
+    if (answer) {
+      ++answered;
+      BOOST_TEST(answer->status == 201u, path << ": " << e2e::describe(*answer));
+      BOOST_TEST(upstream.count(path) == 1u, path);
+    } else {
+      ++unanswered;
+      BOOST_TEST(upstream.count(path) == 0u, path << " ran without an answer");
+    }
+  }
+  upstream.release();
+  holder.join();
+  BOOST_TEST(hold_answer.status == 201u, e2e::describe(hold_answer));
+  const auto status = gateway.wait_exit();
+  BOOST_TEST_REQUIRE(status.has_value());
+  BOOST_TEST(*status == 0);
+  BOOST_TEST_MESSAGE("answered " << answered << ", closed unread " << unanswered);
 }
 
 BOOST_AUTO_TEST_CASE(spec_C45_readyz_turns_503_when_a_drain_begins_and_stays_so_until_exit) {
