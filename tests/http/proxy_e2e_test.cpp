@@ -71,14 +71,15 @@ struct Recorded {
   }
 };
 
-/// A small HTTP/1.1 server on 127.0.0.1:0 answering by the last path segment:
-/// echo, chunked, hop, error500, head, nocontent, ka1 (Keep-Alive: timeout=1), drop-next (answers,
-/// then drops the next request on that connection unanswered), close (closes unanswered),
+/// A small HTTP/1.1 server on 127.0.0.1:0 (or another loopback address) answering by the last path
+/// segment: echo, chunked, hop, error500, head, nocontent, ka1 (Keep-Alive: timeout=1), drop-next
+/// (answers, then drops the next request on that connection unanswered), close (closes unanswered),
 /// close-after (answers, then closes), close-later (answers, closes 200 ms later), reset (resets
 /// unanswered), slow (never answers), gate (answers once released).
 class TestUpstream {
  public:
-  TestUpstream() : acceptor_(io_, tcp::endpoint(asio::ip::address_v4::loopback(), 0)) {
+  explicit TestUpstream(asio::ip::address address = asio::ip::address_v4::loopback())
+      : acceptor_(io_, tcp::endpoint(address, 0)) {
     port_ = acceptor_.local_endpoint().port();
     asio::co_spawn(io_, accept_loop(), [](std::exception_ptr e) {
       if (e) std::rethrow_exception(e);
@@ -633,6 +634,23 @@ BOOST_FIXTURE_TEST_CASE(http10_client_asking_for_keep_alive_gets_it, Env) {
   BOOST_TEST(client.roundtrip(request("POST", "/u/echo", "", "two")).body() == "two");
   BOOST_REQUIRE(a.requests().size() == 2u);
   BOOST_TEST(a.requests().front().count("Host") == 1u);  // an HTTP/1.1 upstream needs one
+}
+
+// The Host the gateway writes for a client that sent none is the server's authority: an IPv6
+// address in brackets (RFC 9112 §3.2, RFC 3986 §3.2.2), never `::1:PORT`.
+BOOST_FIXTURE_TEST_CASE(an_ipv6_upstream_gets_a_bracketed_host_when_an_http10_client_sent_none,
+                        Env) {
+  TestUpstream v6(asio::ip::address_v6::loopback());
+  auto upstream = make_upstream("v6", {v6.port()});
+  upstream.servers.front().host = "::1";
+  cfg->upstreams["v6"] = upstream;
+  cfg->routes.insert(cfg->routes.begin(), make_route("v6", "/v6/", "v6"));
+  Client client(start());
+  const auto res = client.roundtrip("POST /v6/echo HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc");
+  BOOST_TEST(res.result_int() == 200u);
+  BOOST_TEST(res.body() == "abc");
+  BOOST_REQUIRE(v6.requests().size() == 1u);
+  BOOST_TEST(v6.requests().front().value("Host") == "[::1]:" + std::to_string(v6.port()));
 }
 
 BOOST_FIXTURE_TEST_CASE(spec_C03_content_length_with_transfer_encoding_is_400_and_closes, Env) {
