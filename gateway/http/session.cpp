@@ -60,6 +60,17 @@ constexpr std::size_t kReadChunk = 4096;
 /// buffer already has (beast::read_size: at least 512 bytes, growing it when less is left).
 /// Preparing kReadChunk behind bytes already read would reallocate and copy the buffer at every
 /// read of a header arriving a few bytes at a time: a slowloris client's every byte (C54).
+/// Whether `buffer` holds a whole header section, or one a parser already refuses (the real
+/// parser then reports the same error): the whole section is read before Beast parses it, so
+/// that it can be checked for obs-fold, which the parser would unfold out of sight.
+bool header_section_complete(const beast::flat_buffer& buffer, std::uint32_t header_limit) {
+  bhttp::request_parser<bhttp::empty_body> probe;
+  probe.header_limit(header_limit);
+  boost::system::error_code ec;
+  probe.put(buffer.data(), ec);
+  return ec != bhttp::error::need_more;
+}
+
 beast::flat_buffer::mutable_buffers_type read_room(beast::flat_buffer& buffer) {
   return buffer.prepare(buffer.capacity() == 0 ? kReadChunk : beast::read_size(buffer, kReadChunk));
 }
@@ -171,8 +182,17 @@ class BasicSession final : public Session {
   static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
   enum class State { idle, busy };
   beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
+  /// Serves the request whose header section `buffer` holds whole (or wrongly: the parser
+  /// then reports it), begun at `began` (its first byte), under `config`.
   asio::awaitable<bool> serve_one(beast::flat_buffer& buffer,
-                                  std::shared_ptr<const config::Config> config);
+                                  std::shared_ptr<const config::Config> config,
+                                  Clock::time_point began);
+  /// Reads until `buffer` holds a whole header section (or one the parser refuses), by
+  /// `deadline` (C07); false when the connection ended first (EOF, reset, the deadline, a
+  /// drain). A small frame of its own, so that a slow client (slowloris, C54) holds no frame of
+  /// serve_one while its header trickles in.
+  asio::awaitable<bool> complete_header(beast::flat_buffer& buffer, std::uint32_t header_limit,
+                                        Clock::time_point deadline);
   /// A routed request that the handler does not hold, streamed (SPEC C38) or tunnelled (C40).
   asio::awaitable<bool> stream_one(beast::flat_buffer& buffer,
                                    bhttp::request_parser<bhttp::string_body>& parser,
@@ -264,7 +284,16 @@ asio::awaitable<void> BasicSession<Stream>::run() {
     first = false;
     state_ = State::busy;
     // The snapshot current when the request begins (a reload applies to new requests).
-    const bool keep_alive = co_await serve_one(buffer, context_->config());
+    auto config = context_->config();
+    const auto began = Clock::now();
+    const auto header_limit = static_cast<std::uint32_t>(std::min<std::size_t>(
+        config->limits.max_header_bytes, std::numeric_limits<std::uint32_t>::max()));
+    bool keep_alive = false;
+    if (header_section_complete(buffer, header_limit) ||
+        co_await complete_header(buffer, header_limit,
+                                 began + config->limits.header_read_timeout)) {
+      keep_alive = co_await serve_one(buffer, std::move(config), began);
+    }
     if (!keep_alive) {
       // Input may still be on its way after a rejected request or behind a last pipelined one.
       if (reject_pending_input_ || buffer.size() > 0) co_await lingering_close();
@@ -304,11 +333,51 @@ asio::awaitable<void> BasicSession<Stream>::lingering_close() {
 }
 
 template <class Stream>
-asio::awaitable<bool> BasicSession<Stream>::serve_one(
-    beast::flat_buffer& buffer, std::shared_ptr<const config::Config> config) {
+asio::awaitable<bool> BasicSession<Stream>::complete_header(beast::flat_buffer& buffer,
+                                                            std::uint32_t header_limit,
+                                                            Clock::time_point deadline) {
+  lowest().expires_at(deadline);
+  // A header that needs more reads (a slow client, slowloris: C54) is read from the socket under
+  // the thread's deadline list rather than Beast's per-operation timer: a byte then costs no
+  // timer operation. (A readiness wait would cost an epoll_ctl per byte: Asio re-arms the
+  // descriptor for every operation that is not tried at once.)
+  HeaderDeadlines::Entry slow_header;
+  std::optional<HeaderDeadlines::Guard> slow_header_guard;
+  do {
+    if constexpr (!kTls) {
+      if (context_->header_deadlines) {
+        auto& socket = lowest().socket();
+        if (!slow_header_guard) {
+          lowest().expires_never();
+          slow_header.deadline = deadline;
+          slow_header.socket = &socket;
+          slow_header_guard.emplace(*context_->header_deadlines, slow_header);
+        }
+        auto [rec, rn] = co_await socket.async_read_some(read_room(buffer), use_nothrow);
+        if (rec) co_return false;  // EOF, reset, or closed at its deadline or by a drain
+        // Closed at its deadline after these bytes were read: not served (the answer could not
+        // be written).
+        if (!socket.is_open()) co_return false;
+        buffer.commit(rn);
+        continue;
+      }
+    }
+    auto [rec, rn] = co_await stream_.async_read_some(read_room(buffer), use_nothrow);
+    if (rec) co_return false;  // EOF, reset or timeout before a whole header: end silently
+    buffer.commit(rn);
+  } while (!header_section_complete(buffer, header_limit));
+  co_return true;
+}
+
+template <class Stream>
+asio::awaitable<bool> BasicSession<Stream>::serve_one(beast::flat_buffer& buffer,
+                                                      std::shared_ptr<const config::Config> config,
+                                                      Clock::time_point began) {
   const auto& limits = config->limits;
-  const auto started = Clock::now();
-  const auto started_wall = std::chrono::system_clock::now();
+  const auto started = began;
+  const auto started_wall =
+      std::chrono::system_clock::now() -
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(Clock::now() - began);
 
   bhttp::request_parser<bhttp::string_body> parser;
   parser.header_limit(static_cast<std::uint32_t>(
@@ -327,51 +396,9 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(
   // A request the gateway refuses itself (C03, C04); the connection closes after the answer.
   std::optional<Problem> reject;
   std::string reject_detail;
-  const auto header_deadline = Clock::now() + limits.header_read_timeout;
-  lowest().expires_at(header_deadline);
-  // The whole header section is read before Beast parses it, so that it can be checked for
-  // obs-fold, which the parser would unfold out of sight. A probe parser tells when the section
-  // is complete, or already wrong (then the real parser below reports the same error).
-  const auto header_limit = static_cast<std::uint32_t>(
-      std::min<std::size_t>(limits.max_header_bytes, std::numeric_limits<std::uint32_t>::max()));
-  // A header that needs more reads (a slow client, slowloris: C54) is read from the socket under
-  // the thread's deadline list rather than Beast's per-operation timer: a byte then costs no
-  // timer operation. (A readiness wait would cost an epoll_ctl per byte: Asio re-arms the
-  // descriptor for every operation that is not tried at once.)
-  HeaderDeadlines::Entry slow_header;
-  std::optional<HeaderDeadlines::Guard> slow_header_guard;
-  for (;;) {
-    bhttp::request_parser<bhttp::empty_body> probe;
-    probe.header_limit(header_limit);
-    boost::system::error_code pec;
-    probe.put(buffer.data(), pec);
-    if (pec != bhttp::error::need_more) break;
-    if constexpr (!kTls) {
-      if (context_->header_deadlines) {
-        auto& socket = lowest().socket();
-        if (!slow_header_guard) {
-          lowest().expires_never();
-          slow_header.deadline = header_deadline;
-          slow_header.socket = &socket;
-          slow_header_guard.emplace(*context_->header_deadlines, slow_header);
-        }
-        auto [rec, rn] = co_await socket.async_read_some(read_room(buffer), use_nothrow);
-        if (rec) co_return false;  // EOF, reset, or closed at its deadline or by a drain
-        // Closed at its deadline after these bytes were read: not served (the answer could not
-        // be written).
-        if (!socket.is_open()) co_return false;
-        buffer.commit(rn);
-        continue;
-      }
-    }
-    auto [rec, rn] = co_await stream_.async_read_some(read_room(buffer), use_nothrow);
-    if (rec) co_return false;  // EOF, reset or timeout before a whole header: end silently
-    buffer.commit(rn);
-  }
-  if (slow_header_guard) {
-    slow_header_guard.reset();
-    lowest().expires_at(header_deadline);  // what is left of the header is parsed under it
-  }
+  // The header section is whole in `buffer` (complete_header): what is left is parsed under
+  // its deadline.
+  lowest().expires_at(began + limits.header_read_timeout);
   const bool folded = has_obs_fold({static_cast<const char*>(buffer.data().data()), buffer.size()});
   boost::system::error_code hec;
   if (!folded) {
