@@ -321,18 +321,27 @@ TimedLockService::~TimedLockService() {
 
 void TimedLockService::hold(const asio::any_io_executor& executor, const std::string& token,
                             std::chrono::milliseconds ttl) {
-  auto& slot = held_[token];
-  if (!slot) {
-    slot = std::make_unique<Held>(executor);
+  if (!expiries_) expiries_ = std::make_unique<common::DeadlineList>(executor);
+  auto [it, fresh] = held_.try_emplace(token);
+  Held& held = it->second;
+  if (fresh) {
+    held.owner = this;
+    held.token = &it->first;
+    held.on_due = [](common::DeadlineList::Entry& entry) {
+      // Its ttl ran out: the lock is gone from Redis whatever happened to its owner.
+      auto& expired = static_cast<Held&>(entry);
+      auto& self = *expired.owner;
+      const auto found = self.held_.find(*expired.token);
+      if (found == self.held_.end()) return;
+      self.held_.erase(found);  // destroys `expired` and its key
+      self.metrics_.lock_freed();
+    };
     metrics_.lock_taken();
+  } else {
+    expiries_->remove(held);
   }
-  const std::uint64_t generation = ++slot->generation;
-  slot->timer.expires_after(ttl);
-  slot->timer.async_wait([this, token, generation](boost::system::error_code ec) {
-    if (ec) return;  // re-armed, released, or the service is being destroyed
-    const auto it = held_.find(token);
-    if (it != held_.end() && it->second->generation == generation) forget(token);
-  });
+  held.deadline = common::DeadlineList::Clock::now() + ttl;
+  expiries_->add(held);
 }
 
 void TimedLockService::forget(const std::string& token) {

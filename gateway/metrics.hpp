@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 
+#include "gateway/common/deadline_list.hpp"
 #include "gateway/core/lock_service.hpp"
 #include "gateway/core/record_store.hpp"
 
@@ -195,15 +196,24 @@ class TimedLockService final : public core::LockService {
             std::chrono::milliseconds ttl);
   void forget(const std::string& token);
 
+  /// A lock this thread holds: due when its ttl (as last set) runs out.
+  struct Held : common::DeadlineList::Entry {
+    Held() = default;
+    Held(const Held&) = delete;
+    Held& operator=(const Held&) = delete;
+    ~Held() {
+      if (is_linked()) owner->expiries_->remove(*this);
+    }
+    TimedLockService* owner = nullptr;
+    const std::string* token = nullptr;  ///< its key in held_
+  };
+
   core::LockService& inner_;
   Metrics& metrics_;
-  struct Held {
-    explicit Held(const boost::asio::any_io_executor& executor) : timer(executor) {}
-    boost::asio::steady_timer timer;  ///< fires when the lock's ttl runs out
-    std::uint64_t generation = 0;     ///< bumped on each re-arm: a stale expiry is ignored
-  };
-  /// Locks this thread holds, by owner token.
-  std::map<std::string, std::unique_ptr<Held>> held_;
+  /// The ttls of held_, one timer for all (made on first use with the thread's executor).
+  std::unique_ptr<common::DeadlineList> expiries_;
+  /// Locks this thread holds, by owner token (a node keeps its place: the entry lives in it).
+  std::map<std::string, Held, std::less<>> held_;
 };
 
 }  // namespace idemgate

@@ -25,12 +25,6 @@ namespace {
 
 using common::use_nothrow;
 
-struct Renewal {
-  explicit Renewal(asio::any_io_executor ex) : timer(std::move(ex)) {}
-  asio::steady_timer timer;
-  bool done = false;
-};
-
 constexpr auto kCommitBackoffFirst = std::chrono::milliseconds(50);
 constexpr auto kCommitBackoffMax = std::chrono::milliseconds(1000);
 
@@ -102,6 +96,51 @@ asio::awaitable<void> sleep_for(std::chrono::milliseconds d) {
 }
 
 }  // namespace
+
+/// A lock held by a request of this filter, renewed every lock_ttl/3 while the request runs
+/// (C23). It lives in the request's frame: no allocation and no timer of its own. A renewal
+/// sent holds `pending`, which points back here until the request ends, so that its answer
+/// makes the entry due again only while there is one.
+struct IdempotencyFilter::LockRenewal : common::DeadlineList::Entry {
+  LockRenewal(IdempotencyFilter& owner, const Sha256& lock_id, const std::string& lock_token,
+              std::chrono::milliseconds lock_ttl)
+      : filter(owner),
+        id(lock_id),
+        token(lock_token),
+        ttl(lock_ttl),
+        every(std::max(lock_ttl / 3, std::chrono::milliseconds(1))) {
+    on_due = [](common::DeadlineList::Entry& entry) {
+      auto& renewal = static_cast<LockRenewal&>(entry);
+      renewal.filter.renew_now(renewal);
+    };
+  }
+  ~LockRenewal() {
+    stop();
+    if (pending) *pending = nullptr;
+  }
+  LockRenewal(const LockRenewal&) = delete;
+  LockRenewal& operator=(const LockRenewal&) = delete;
+
+  /// Makes it due `every` from now.
+  void schedule(common::DeadlineList& renewals) {
+    deadline = common::DeadlineList::Clock::now() + every;
+    renewals.add(*this);
+  }
+  /// No renewal after this one (the upstream answered, or the request ends).
+  void stop() noexcept {
+    stopped = true;
+    // Unlinked already when the list was destroyed first (a shutdown).
+    if (is_linked()) filter.renewals_->remove(*this);
+  }
+
+  IdempotencyFilter& filter;
+  const Sha256& id;
+  const std::string& token;
+  std::chrono::milliseconds ttl;
+  std::chrono::milliseconds every;
+  bool stopped = false;
+  std::shared_ptr<LockRenewal*> pending;  ///< made by the first renewal sent
+};
 
 // Counts one waiting request for its record id while it lives.
 class IdempotencyFilter::WaiterSlot {
@@ -223,6 +262,22 @@ void IdempotencyFilter::settle(const asio::any_io_executor& executor, const Sha2
         if (--settling_ == 0 && on_settled_) std::exchange(on_settled_, nullptr)();
         task_ended("lock settle", e);
       });
+}
+
+void IdempotencyFilter::renew_now(LockRenewal& renewal) {
+  if (!renewal.pending) renewal.pending = std::make_shared<LockRenewal*>(&renewal);
+  // Nothing may escape into the io thread from this detached task: an exception (from a lock
+  // implementation, an allocation) stops this renewal only, reported through task_failed.
+  asio::co_spawn(
+      renewals_->get_executor(),
+      [this, id = renewal.id, token = renewal.token, ttl = renewal.ttl,
+       pending = renewal.pending]() -> asio::awaitable<void> {
+        auto renewed = co_await lock_.renew(id, token, ttl);
+        if (!renewed && events_.store_error) events_.store_error("lock renew", renewed.error());
+        LockRenewal* again = *pending;
+        if (again != nullptr && !again->stopped && renewals_) again->schedule(*renewals_);
+      },
+      [this](std::exception_ptr e) { task_ended("lock renew", e); });
 }
 
 void IdempotencyFilter::task_ended(const char* what, const std::exception_ptr& e) {
@@ -391,33 +446,12 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
     co_return from_record(record, request);
   }
 
-  auto renewal = std::make_shared<Renewal>(executor);
-  // Nothing may escape into the io thread from this detached task: an exception (from a lock
-  // implementation, an allocation) stops this renewal only, reported through task_failed.
-  asio::co_spawn(
-      renewal->timer.get_executor(),
-      [this, policy, id = request.id, token, renewal]() -> asio::awaitable<void> {
-        const auto every = std::max(policy.lock_ttl / 3, std::chrono::milliseconds(1));
-        while (!renewal->done) {
-          renewal->timer.expires_after(every);
-          co_await renewal->timer.async_wait(use_nothrow);
-          if (renewal->done) break;
-          auto renewed = co_await lock_.renew(id, token, policy.lock_ttl);
-          if (!renewed && events_.store_error) events_.store_error("lock renew", renewed.error());
-        }
-      },
-      [this](std::exception_ptr e) { task_ended("lock renew", e); });
-
   // Renewal lasts through the upstream call and the commit (C26 retries included), and ends
   // before the lock is released or left to expire; also when forward() or the store throws.
-  struct StopRenewal {
-    Renewal& r;
-    void operator()() {
-      r.done = true;
-      r.timer.cancel();
-    }
-    ~StopRenewal() { (*this)(); }
-  } stop_renewal{*renewal};
+  if (!renewals_) renewals_ = std::make_unique<common::DeadlineList>(executor);
+  LockRenewal renewal(*this, request.id, token, policy.lock_ttl);
+  renewal.schedule(*renewals_);
+  const auto stop_renewal = [&renewal] { renewal.stop(); };
   const auto started = std::chrono::steady_clock::now();
   UpstreamReply reply = co_await forward();
   const auto upstream_time = std::chrono::duration_cast<std::chrono::microseconds>(

@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "gateway/common/deadline_list.hpp"
 #include "gateway/core/commit_budget.hpp"
 #include "gateway/core/lock_service.hpp"
 #include "gateway/core/record_store.hpp"
@@ -161,6 +162,8 @@ class IdempotencyFilter {
   /// with the waiters' slots, so that a coroutine frame destroyed after the filter stays safe.
   using WaiterCounts = std::map<Sha256, std::size_t>;
   class WaiterSlot;
+  /// One held lock's renewal (C23): an entry of renewals_, due every lock_ttl/3.
+  struct LockRenewal;
 
   boost::asio::awaitable<FilterResult> execute_locked(const RoutePolicy& policy,
                                                       const KeyedRequest& request,
@@ -179,6 +182,9 @@ class IdempotencyFilter {
   /// time left for it.
   void settle(const boost::asio::any_io_executor& executor, const Sha256& id, std::string token,
               std::optional<std::string> marker, std::chrono::system_clock::time_point end);
+  /// Sends the renewal of `renewal`'s lock; once answered, it is due again (while its request
+  /// runs and the renewal did not throw).
+  void renew_now(LockRenewal& renewal);
   /// The end of a detached task (`what`: "lock renew", "lock settle"): an exception stops the
   /// task only and is reported through FilterEvents::task_failed.
   void task_ended(const char* what, const std::exception_ptr& e);
@@ -190,6 +196,9 @@ class IdempotencyFilter {
   std::shared_ptr<WaiterCounts> waiters_ = std::make_shared<WaiterCounts>();
   std::size_t settling_ = 0;
   std::function<void()> on_settled_;
+  /// The renewals of the locks this filter's requests hold: one timer for all of them, made on
+  /// first use with the executor of the filter's thread.
+  std::unique_ptr<common::DeadlineList> renewals_;
 };
 
 }  // namespace idemgate::core

@@ -341,7 +341,7 @@ asio::awaitable<bool> BasicSession<Stream>::complete_header(beast::flat_buffer& 
   // the thread's deadline list rather than Beast's per-operation timer: a byte then costs no
   // timer operation. (A readiness wait would cost an epoll_ctl per byte: Asio re-arms the
   // descriptor for every operation that is not tried at once.)
-  HeaderDeadlines::Entry slow_header;
+  SlowHeader slow_header(lowest().socket(), deadline);
   std::optional<HeaderDeadlines::Guard> slow_header_guard;
   do {
     if constexpr (!kTls) {
@@ -349,8 +349,6 @@ asio::awaitable<bool> BasicSession<Stream>::complete_header(beast::flat_buffer& 
         auto& socket = lowest().socket();
         if (!slow_header_guard) {
           lowest().expires_never();
-          slow_header.deadline = deadline;
-          slow_header.socket = &socket;
           slow_header_guard.emplace(*context_->header_deadlines, slow_header);
         }
         auto [rec, rn] = co_await socket.async_read_some(read_room(buffer), use_nothrow);

@@ -4,7 +4,9 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <chrono>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "gateway/config/config_loader.hpp"
 #include "gateway/descriptor_budget.hpp"
@@ -21,6 +23,7 @@ namespace cfg = idemgate::config;
 using idemgate::http::Admission;
 using idemgate::http::ConnectionGate;
 using idemgate::http::HeaderDeadlines;
+using idemgate::http::SlowHeader;
 
 namespace {
 
@@ -238,9 +241,9 @@ BOOST_AUTO_TEST_CASE(spec_C07_C54_slow_headers_are_closed_at_their_deadline_unle
   HeaderDeadlines deadlines(io.get_executor());
   auto late = open_socket(io), early = open_socket(io), done = open_socket(io);
   const auto now = HeaderDeadlines::Clock::now();
-  HeaderDeadlines::Entry late_entry{{}, now + 40ms, &late};
-  HeaderDeadlines::Entry early_entry{{}, now + 10ms, &early};  // earlier: the timer is re-armed
-  HeaderDeadlines::Entry done_entry{{}, now + 5ms, &done};
+  SlowHeader late_entry(late, now + 40ms);
+  SlowHeader early_entry(early, now + 10ms);  // earlier: the timer is re-armed
+  SlowHeader done_entry(done, now + 5ms);
   HeaderDeadlines::Guard late_guard(deadlines, late_entry);
   HeaderDeadlines::Guard early_guard(deadlines, early_entry);
   {
@@ -262,8 +265,8 @@ BOOST_AUTO_TEST_CASE(spec_C07_C54_a_deadline_ahead_leaves_its_connection_open) {
   HeaderDeadlines deadlines(io.get_executor());
   auto waiting = open_socket(io), past = open_socket(io);
   const auto now = HeaderDeadlines::Clock::now();
-  HeaderDeadlines::Entry waiting_entry{{}, now + 1h, &waiting};
-  HeaderDeadlines::Entry past_entry{{}, now - 1ms, &past};
+  SlowHeader waiting_entry(waiting, now + 1h);
+  SlowHeader past_entry(past, now - 1ms);
   HeaderDeadlines::Guard waiting_guard(deadlines, waiting_entry);
   HeaderDeadlines::Guard past_guard(deadlines, past_entry);
   io.run_for(50ms);
@@ -271,6 +274,84 @@ BOOST_AUTO_TEST_CASE(spec_C07_C54_a_deadline_ahead_leaves_its_connection_open) {
   BOOST_TEST(waiting.is_open());
   BOOST_TEST(deadlines.expired() == 1u);
   BOOST_TEST(deadlines.size() == 1u);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+// The per-thread deadline list itself, as the lock renewals use it (C23): an entry that makes
+// itself due again, and a list left empty that stops timing.
+BOOST_AUTO_TEST_SUITE(deadline_list)
+
+namespace {
+
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+using idemgate::common::DeadlineList;
+
+/// Due `times` times, `every` apart, adding itself again from its callback.
+struct Repeating : DeadlineList::Entry {
+  Repeating(DeadlineList& owner, int n) : list(owner), times(n) {
+    deadline = DeadlineList::Clock::now() + every;
+    on_due = [](DeadlineList::Entry& entry) {
+      auto& self = static_cast<Repeating&>(entry);
+      self.seen.push_back(DeadlineList::Clock::now());
+      if (static_cast<int>(self.seen.size()) < self.times) {
+        self.deadline = DeadlineList::Clock::now() + self.every;
+        self.list.add(self);
+      }
+    };
+  }
+  DeadlineList& list;
+  int times;
+  std::chrono::milliseconds every{5ms};
+  std::vector<DeadlineList::Clock::time_point> seen;
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_C23_an_entry_added_again_from_its_callback_is_due_at_each_deadline) {
+  asio::io_context io;
+  DeadlineList list(io.get_executor());
+  const auto start = DeadlineList::Clock::now();
+  Repeating renewal(list, 3);
+  DeadlineList::Guard guard(list, renewal);
+  io.run();  // returns once the entry stops adding itself: nothing is left to time
+  BOOST_TEST_REQUIRE(renewal.seen.size() == 3u);
+  BOOST_TEST(list.expired() == 3u);
+  BOOST_TEST(list.size() == 0u);
+  // Each call comes no earlier than its deadline, one interval after the one before.
+  BOOST_TEST((renewal.seen[0] >= start + renewal.every));
+  BOOST_TEST((renewal.seen[1] >= renewal.seen[0] + renewal.every));
+  BOOST_TEST((renewal.seen[2] >= renewal.seen[1] + renewal.every));
+}
+
+BOOST_AUTO_TEST_CASE(removing_the_last_entry_stops_the_timer) {
+  asio::io_context io;
+  DeadlineList list(io.get_executor());
+  Repeating far(list, 1);
+  far.deadline = DeadlineList::Clock::now() + 1h;
+  {
+    DeadlineList::Guard guard(list, far);
+    BOOST_TEST(list.size() == 1u);
+  }
+  io.poll();  // runs the cancelled wait; with the timer still armed the context would have work
+  BOOST_TEST(io.stopped());
+  BOOST_TEST(far.seen.empty());
+  BOOST_TEST(list.expired() == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(an_entry_outliving_its_list_is_left_unlinked) {
+  asio::io_context io;
+  Repeating* entry = nullptr;
+  auto list = std::make_unique<DeadlineList>(io.get_executor());
+  Repeating late(*list, 1);
+  entry = &late;
+  late.deadline = DeadlineList::Clock::now() + 1h;
+  {
+    DeadlineList::Guard guard(*list, late);
+    list.reset();  // a shutdown destroys the list before the frames that hold entries
+    BOOST_TEST(!entry->is_linked());
+  }  // the guard leaves the destroyed list alone (ASan would report a use after free)
 }
 
 BOOST_AUTO_TEST_SUITE_END()
