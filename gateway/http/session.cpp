@@ -55,11 +55,11 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr std::size_t kReadChunk = 4096;
+/// The first read of a connection (nginx's client_header_buffer_size): a request header of
+/// usual size fits it, and a connection that sends little (an idle one, a slow header: C54)
+/// holds no more; the buffer grows when a request needs it.
+constexpr std::size_t kFirstRead = 1024;
 
-/// Where the next read of a request goes: kReadChunk into an empty buffer, else the room the
-/// buffer already has (beast::read_size: at least 512 bytes, growing it when less is left).
-/// Preparing kReadChunk behind bytes already read would reallocate and copy the buffer at every
-/// read of a header arriving a few bytes at a time: a slowloris client's every byte (C54).
 /// Whether `buffer` holds a whole header section, or one a parser already refuses (the real
 /// parser then reports the same error): the whole section is read before Beast parses it, so
 /// that it can be checked for obs-fold, which the parser would unfold out of sight.
@@ -71,8 +71,12 @@ bool header_section_complete(const beast::flat_buffer& buffer, std::uint32_t hea
   return ec != bhttp::error::need_more;
 }
 
+/// Where the next read of a request goes: kFirstRead into an empty buffer, else the room the
+/// buffer already has (beast::read_size: at least 512 bytes, growing it when less is left).
+/// Preparing kReadChunk behind bytes already read would reallocate and copy the buffer at every
+/// read of a header arriving a few bytes at a time: a slowloris client's every byte (C54).
 beast::flat_buffer::mutable_buffers_type read_room(beast::flat_buffer& buffer) {
-  return buffer.prepare(buffer.capacity() == 0 ? kReadChunk : beast::read_size(buffer, kReadChunk));
+  return buffer.prepare(buffer.capacity() == 0 ? kFirstRead : beast::read_size(buffer, kReadChunk));
 }
 
 /// After a response that ends the connection, how long to read and discard what the client still
