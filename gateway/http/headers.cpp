@@ -38,7 +38,8 @@ bool upgrade_names(const Fields& fields, std::string_view protocol) {
     for (;;) {
       const auto comma = rest.find(',');
       const auto entry = common::trim_ows(rest.substr(0, comma));
-      if (boost::beast::iequals(common::trim_ows(entry.substr(0, entry.find('/'))), protocol)) return true;
+      if (boost::beast::iequals(common::trim_ows(entry.substr(0, entry.find('/'))), protocol))
+        return true;
       if (comma == std::string_view::npos) break;
       rest.remove_prefix(comma + 1);
     }
