@@ -451,7 +451,6 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
   if (!renewals_) renewals_ = std::make_unique<common::DeadlineList>(executor);
   LockRenewal renewal(*this, request.id, token, policy.lock_ttl);
   renewal.schedule(*renewals_);
-  const auto stop_renewal = [&renewal] { renewal.stop(); };
   const auto started = std::chrono::steady_clock::now();
   UpstreamReply reply = co_await forward();
   const auto upstream_time = std::chrono::duration_cast<std::chrono::microseconds>(
@@ -460,7 +459,7 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
   FilterResult result;
   result.upstream_time = upstream_time;
   if (reply.kind != UpstreamReply::Kind::response) {
-    stop_renewal();
+    renewal.stop();
     result.outcome = Outcome::upstream_error;
     result.upstream_kind = reply.kind;
     result.detail = std::move(reply.detail);
@@ -473,7 +472,7 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
   }
 
   if (!policy.store_statuses.contains(reply.response.status)) {
-    stop_renewal();
+    renewal.stop();
     co_await lock_.release(request.id, token);
     result.outcome = Outcome::not_stored;
     result.response = std::move(reply.response);
@@ -484,7 +483,7 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
   // The record expires ttl after its insert starts, by Postgres's clock: no earlier than this.
   const auto earliest_expiry = std::chrono::system_clock::now() + policy.ttl;
   auto inserted = co_await commit(policy, request, result.response);
-  stop_renewal();
+  renewal.stop();
   if (!inserted) {
     // C26: the upstream executed; the client gets its answer, the lock stays until lock_ttl so
     // quick retries get 409 rather than a second execution.

@@ -60,6 +60,12 @@ constexpr std::size_t kReadChunk = 4096;
 /// holds no more; the buffer grows when a request needs it.
 constexpr std::size_t kFirstRead = 1024;
 
+/// max_header_bytes as Beast's parsers take it (C04).
+std::uint32_t header_limit_of(const config::Limits& limits) {
+  return static_cast<std::uint32_t>(
+      std::min<std::size_t>(limits.max_header_bytes, std::numeric_limits<std::uint32_t>::max()));
+}
+
 /// Whether `buffer` holds a whole header section, or one a parser already refuses (the real
 /// parser then reports the same error): the whole section is read before Beast parses it, so
 /// that it can be checked for obs-fold, which the parser would unfold out of sight.
@@ -187,10 +193,10 @@ class BasicSession final : public Session {
   enum class State { idle, busy };
   beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
   /// Serves the request whose header section `buffer` holds whole (or wrongly: the parser
-  /// then reports it), begun at `began` (its first byte), under `config`.
+  /// then reports it), `started` at its first byte, under `config`.
   asio::awaitable<bool> serve_one(beast::flat_buffer& buffer,
                                   std::shared_ptr<const config::Config> config,
-                                  Clock::time_point began);
+                                  Clock::time_point started);
   /// Reads until `buffer` holds a whole header section (or one the parser refuses), by
   /// `deadline` (C07); false when the connection ended first (EOF, reset, the deadline, a
   /// drain). A small frame of its own, so that a slow client (slowloris, C54) holds no frame of
@@ -290,8 +296,7 @@ asio::awaitable<void> BasicSession<Stream>::run() {
     // The snapshot current when the request begins (a reload applies to new requests).
     auto config = context_->config();
     const auto began = Clock::now();
-    const auto header_limit = static_cast<std::uint32_t>(std::min<std::size_t>(
-        config->limits.max_header_bytes, std::numeric_limits<std::uint32_t>::max()));
+    const auto header_limit = header_limit_of(config->limits);
     bool keep_alive = false;
     if (header_section_complete(buffer, header_limit) ||
         co_await complete_header(buffer, header_limit,
@@ -374,16 +379,14 @@ asio::awaitable<bool> BasicSession<Stream>::complete_header(beast::flat_buffer& 
 template <class Stream>
 asio::awaitable<bool> BasicSession<Stream>::serve_one(beast::flat_buffer& buffer,
                                                       std::shared_ptr<const config::Config> config,
-                                                      Clock::time_point began) {
+                                                      Clock::time_point started) {
   const auto& limits = config->limits;
-  const auto started = began;
   const auto started_wall =
       std::chrono::system_clock::now() -
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(Clock::now() - began);
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(Clock::now() - started);
 
   bhttp::request_parser<bhttp::string_body> parser;
-  parser.header_limit(static_cast<std::uint32_t>(
-      std::min<std::size_t>(limits.max_header_bytes, std::numeric_limits<std::uint32_t>::max())));
+  parser.header_limit(header_limit_of(limits));
   // The body limit depends on the route: max_request_body for a request the handler holds,
   // max_streamed_body for a streamed one (C04, C38). It is set once the header is routed.
   parser.body_limit(boost::none);
@@ -400,7 +403,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(beast::flat_buffer& buffer
   std::string reject_detail;
   // The header section is whole in `buffer` (complete_header): what is left is parsed under
   // its deadline.
-  lowest().expires_at(began + limits.header_read_timeout);
+  lowest().expires_at(started + limits.header_read_timeout);
   const bool folded = has_obs_fold({static_cast<const char*>(buffer.data().data()), buffer.size()});
   boost::system::error_code hec;
   if (!folded) {
