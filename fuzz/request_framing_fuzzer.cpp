@@ -28,6 +28,7 @@
 #include "gateway/core/idempotency_key.hpp"
 #include "gateway/http/headers.hpp"
 #include "gateway/http/request_id.hpp"
+#include "gateway/http/request_rules.hpp"
 #include "gateway/http/router.hpp"
 #include "gateway/http/traceparent.hpp"
 #include "gateway/request_identity.hpp"
@@ -101,9 +102,15 @@ void check_canonical_json(std::string_view body) {
 
 /// What the session does with a request that parsed, up to the handler (session.cpp serve_one).
 void process(bhttp::request<bhttp::string_body> req, const config::Config& cfg) {
-  const unsigned version = req.version();
-  const auto te = req.count(bhttp::field::transfer_encoding);
-  if (te > 0 && (!req.chunked() || version < 11)) return;  // 400 bad framing, connection closes
+  // Framing, Host and absolute-form (C03): a rejection is a 400 and the connection closes.
+  if (const auto rejection = http::check_request_head(req.base(), req.chunked())) {
+    check(!rejection->detail.empty(), "a rejection says why");
+    return;
+  }
+  check(req.count(bhttp::field::transfer_encoding) == 0 || req.chunked(),
+        "a Transfer-Encoding that passes ends with chunked");
+  check(req.target().empty() || req.target().front() == '/' || req.target() == "*",
+        "a target that passes is origin-form or *");
 
   // The request's ids (session.cpp take_ids): with the default request_id section every request
   // ends up with exactly one valid id in its field; a trace id is 32 lower-case hex digits.
@@ -202,6 +209,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     boost::system::error_code pec;
     probe.put(boost::asio::buffer(input.data(), input.size()), pec);
     if (pec == bhttp::error::need_more) return 0;  // the client stopped mid-header
+    if (http::has_obs_fold(input)) return 0;       // 400: the connection ends
 
     bhttp::request_parser<bhttp::string_body> parser;
     parser.header_limit(header_limit);
@@ -223,7 +231,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (ec || parser.is_done()) break;
     }
     check(used <= input.size(), "the parser consumed no more than it was given");
-    if (ec || !parser.is_done()) return 0;  // 400/413/431 or EOF: the connection ends
+    if (ec) {
+      // 400/413/431 with a detail, or the connection ended (EOF mid-message): answered or not,
+      // the connection ends.
+      const auto rejection = http::rejection_for(ec, cfg.limits);
+      check(!rejection || !rejection->detail.empty(), "a rejection says why");
+      return 0;
+    }
+    if (!parser.is_done()) return 0;
     const bool keep_alive = parser.get().keep_alive();
     process(parser.release(), cfg);
     if (!keep_alive || used == 0) return 0;

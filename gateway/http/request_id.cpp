@@ -5,7 +5,7 @@
 #include <boost/uuid/uuid_io.hpp>
 #include <cstdint>
 
-#include "gateway/core/hash.hpp"
+#include "gateway/common/random.hpp"
 
 namespace idemgate::http {
 
@@ -16,7 +16,7 @@ bool valid_request_id(std::string_view value) {
 
 void generate_request_id(char (&out)[kGeneratedRequestIdBytes]) {
   boost::uuids::uuid id{};
-  core::random_bytes(id.data, id.size());
+  common::random_bytes(id.data, id.size());
   id.data[6] = static_cast<std::uint8_t>((id.data[6] & 0x0f) | 0x40);  // version 4
   id.data[8] = static_cast<std::uint8_t>((id.data[8] & 0x3f) | 0x80);  // variant 10
   boost::uuids::to_chars(id, &out[0]);

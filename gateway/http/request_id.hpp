@@ -25,7 +25,7 @@ inline constexpr std::size_t kGeneratedRequestIdBytes = 36;
 bool valid_request_id(std::string_view value);
 
 /// Writes a new random UUID v4 (RFC 9562 §5.4) in lower-case 8-4-4-4-12 form to `out`. The 122
-/// random bits come from OpenSSL's CSPRNG (core::random_bytes, as lock owner tokens do).
+/// random bits come from OpenSSL's CSPRNG (common::random_bytes, as lock owner tokens do).
 /// Throws std::runtime_error when the generator fails. Safe from any thread.
 void generate_request_id(char (&out)[kGeneratedRequestIdBytes]);
 

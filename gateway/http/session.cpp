@@ -36,6 +36,7 @@
 #include "gateway/http/problem.hpp"
 #include "gateway/http/relay.hpp"
 #include "gateway/http/request_id.hpp"
+#include "gateway/http/request_rules.hpp"
 #include "gateway/http/router.hpp"
 #include "gateway/http/traceparent.hpp"
 
@@ -89,54 +90,6 @@ beast::flat_buffer::mutable_buffers_type read_room(beast::flat_buffer& buffer) {
 /// sends: closing with unread input makes the kernel send a reset that can destroy the response.
 constexpr auto kLingerTime = std::chrono::seconds(2);
 constexpr std::size_t kLingerMaxBytes = 1024 * 1024;
-
-/// The problem a parse error is answered with; nullopt for errors of the connection itself
-/// (EOF, reset, timeout), which end it silently.
-std::optional<Problem> problem_for(const boost::system::error_code& ec) {
-  if (ec == bhttp::error::header_limit) return Problem::headers_too_large;
-  if (ec == bhttp::error::body_limit) return Problem::payload_too_large;
-  if (ec == bhttp::error::buffer_overflow)
-    return Problem::headers_too_large;  // trailers, chunk ext
-  if (ec == bhttp::error::bad_content_length || ec == bhttp::error::multiple_content_length ||
-      ec == bhttp::error::bad_transfer_encoding) {
-    return Problem::bad_framing;
-  }
-  if (ec.category() == bhttp::make_error_code(bhttp::error::end_of_stream).category() &&
-      ec != bhttp::error::end_of_stream && ec != bhttp::error::partial_message) {
-    return Problem::bad_request;
-  }
-  return std::nullopt;
-}
-
-std::string problem_detail(Problem problem, const config::Limits& limits,
-                           const boost::system::error_code& ec) {
-  switch (problem) {
-    case Problem::headers_too_large:
-      return "the header section exceeds " + std::to_string(limits.max_header_bytes) + " bytes";
-    case Problem::payload_too_large:
-      return "the request body exceeds " + std::to_string(limits.max_request_body) + " bytes";
-    case Problem::bad_framing:
-      return "the request framing is ambiguous (RFC 9112 section 6.3): " + ec.message();
-    default:
-      return "the request could not be parsed: " + ec.message();
-  }
-}
-
-/// Whether the header section at the start of `data` continues a field line on the next line
-/// (obs-fold, RFC 9112 §5.2). Beast joins such lines with a space; the gateway refuses them
-/// with 400 instead, so that no hop behind it can read a folded field (a folded
-/// Transfer-Encoding above all) differently from the gateway (C03).
-bool has_obs_fold(std::string_view data) {
-  const auto end = data.find("\r\n\r\n");
-  const std::string_view section = data.substr(0, end == std::string_view::npos ? end : end + 2);
-  for (auto eol = section.find("\r\n"); eol != std::string_view::npos;
-       eol = section.find("\r\n", eol + 2)) {
-    if (eol + 2 < section.size() && (section[eol + 2] == ' ' || section[eol + 2] == '\t')) {
-      return true;
-    }
-  }
-  return false;
-}
 
 /// The 503 of a request shed by a limit of SPEC §7 (C52, C53): `detail` names the limit.
 Response shed_response(std::string detail, unsigned version, bool keep_alive) {
@@ -192,8 +145,24 @@ class BasicSession final : public Session {
   static constexpr bool kTls = std::is_same_v<Stream, TlsStream>;
   enum class State { idle, busy };
   beast::tcp_stream& lowest() { return beast::get_lowest_layer(stream_); }
+  using HeldParser = bhttp::request_parser<bhttp::string_body>;
+  /// What a request's access line says besides its timing (SPEC C32); views into what the
+  /// caller holds until log_done returns.
+  struct Done {
+    const config::Route* route = nullptr;  ///< null: no route matched (or none was looked up)
+    std::string_view method;
+    std::string_view target;
+    unsigned status = 0;
+    std::string_view outcome;
+    std::string_view key_hash;
+    std::chrono::microseconds upstream_time{0};
+    bool written = false;    ///< the whole answer reached the client
+    std::string_view ended;  ///< "client_closed" when the client left first (C48), else ""
+  };
+
   /// Serves the request whose header section `buffer` holds whole (or wrongly: the parser
-  /// then reports it), `started` at its first byte, under `config`.
+  /// then reports it), `started` at its first byte, under `config`. False when the connection
+  /// is to close after it.
   asio::awaitable<bool> serve_one(beast::flat_buffer& buffer,
                                   std::shared_ptr<const config::Config> config,
                                   Clock::time_point started);
@@ -203,13 +172,44 @@ class BasicSession final : public Session {
   /// serve_one while its header trickles in.
   asio::awaitable<bool> complete_header(beast::flat_buffer& buffer, std::uint32_t header_limit,
                                         Clock::time_point deadline);
+  /// Parses the head that `buffer` holds whole into `parser` and checks it (obs-fold, framing,
+  /// Host, absolute-form: C03), setting `reject` for a request the gateway refuses. False when
+  /// the connection itself failed (nothing is answered).
+  asio::awaitable<bool> read_head(beast::flat_buffer& buffer, HeldParser& parser,
+                                  const config::Limits& limits, Clock::time_point started,
+                                  std::optional<Rejection>& reject);
+  /// Writes `100 Continue` (RFC 9110 §10.1.1) within idle_timeout; false when it failed.
+  asio::awaitable<bool> send_continue(const config::Limits& limits);
+  /// Reads the body of a request the handler holds, bounded by max_request_body (C04), each read
+  /// within idle_timeout (C07); sets `reject` for a body the gateway refuses. False when the
+  /// connection itself failed.
+  asio::awaitable<bool> read_held_body(beast::flat_buffer& buffer, HeldParser& parser,
+                                       const config::Limits& limits,
+                                       std::optional<Rejection>& reject);
+  /// Hands a routed, held request to the handler (hop-by-hop fields removed, forwarding fields
+  /// added, framed by Content-Length). A handler that throws gets 500 logged and answered, and
+  /// `keep_alive` false.
+  asio::awaitable<HandlerResult> dispatch(
+      Request request, std::shared_ptr<const config::Config> config, const config::Route& route,
+      const config::Upstream& upstream, Admission::Ticket in_flight, std::string_view method,
+      std::string_view target, unsigned version, bool& keep_alive);
+  /// The finaliser of answers the session writes (the handler's, and the gateway's own):
+  /// the route's fields (C57), hop-by-hop fields removed, Date, Via, the request id, framing;
+  /// then written, each write within idle_timeout (C07), or its tail streamed (C39). True when
+  /// the whole answer was written; `keep_alive` false when the connection cannot carry more.
+  asio::awaitable<bool> write_answer(HandlerResult& result, const config::Route* route,
+                                     std::string_view origin, const config::Config& config,
+                                     unsigned version, bool head, bool& keep_alive);
+  /// The access line (C32) and the request_done observer of one answered request.
+  void log_done(const Done& done, Clock::time_point started);
   /// A routed request that the handler does not hold, streamed (SPEC C38) or tunnelled (C40).
-  asio::awaitable<bool> stream_one(beast::flat_buffer& buffer,
-                                   bhttp::request_parser<bhttp::string_body>& parser,
+  asio::awaitable<bool> stream_one(beast::flat_buffer& buffer, HeldParser& parser,
                                    const config::Config& config, const config::Route& route,
                                    const config::Upstream& upstream, Clock::time_point started,
-                                   std::chrono::system_clock::time_point started_wall,
-                                   std::string origin);
+                                   std::string_view origin);
+  /// The lines of a streamed exchange: a cut, and its access line (a tunnel's with its bytes).
+  void log_streamed(const RelayOutcome& outcome, const config::Route& route,
+                    std::string_view method, std::string_view target, Clock::time_point started);
   asio::awaitable<void> lingering_close();
   /// Sets request_id_ and trace_id_ for the request whose header is `fields` (nullptr: the
   /// header could not be parsed) and makes its id field agree (apply_request_id).
@@ -377,181 +377,230 @@ asio::awaitable<bool> BasicSession<Stream>::complete_header(beast::flat_buffer& 
 }
 
 template <class Stream>
+asio::awaitable<bool> BasicSession<Stream>::read_head(beast::flat_buffer& buffer,
+                                                      HeldParser& parser,
+                                                      const config::Limits& limits,
+                                                      Clock::time_point started,
+                                                      std::optional<Rejection>& reject) {
+  // The header section is whole in `buffer` (complete_header): what is left is parsed under
+  // its deadline.
+  lowest().expires_at(started + limits.header_read_timeout);
+  if (has_obs_fold({static_cast<const char*>(buffer.data().data()), buffer.size()})) {
+    reject = obs_fold_rejection();
+    co_return true;
+  }
+  auto [ec, n] = co_await bhttp::async_read_header(stream_, buffer, parser, use_nothrow);
+  if (ec) {
+    reject = rejection_for(ec, limits);
+    co_return reject.has_value();  // no rejection: the connection itself failed
+  }
+  reject = check_request_head(parser.get().base(), parser.chunked());
+  co_return true;
+}
+
+template <class Stream>
+asio::awaitable<bool> BasicSession<Stream>::send_continue(const config::Limits& limits) {
+  bhttp::response<bhttp::empty_body> interim{bhttp::status::continue_, 11};
+  lowest().expires_after(limits.idle_timeout);
+  auto [ec, n] = co_await bhttp::async_write(stream_, interim, use_nothrow);
+  co_return !ec;
+}
+
+template <class Stream>
+asio::awaitable<bool> BasicSession<Stream>::read_held_body(beast::flat_buffer& buffer,
+                                                           HeldParser& parser,
+                                                           const config::Limits& limits,
+                                                           std::optional<Rejection>& reject) {
+  // A held body (C04): a declared length over the limit is refused before any body byte.
+  parser.body_limit(static_cast<std::uint64_t>(limits.max_request_body));
+  if (const auto length = parser.content_length(); length && *length > limits.max_request_body) {
+    reject = rejection_for(bhttp::error::body_limit, limits);
+    co_return true;
+  }
+  if (parser.get().version() >= 11 &&
+      beast::iequals(parser.get()[bhttp::field::expect], "100-continue")) {
+    if (!co_await send_continue(limits)) co_return false;
+  }
+  // Trailer fields would be merged into the header: keep the header as it arrived.
+  std::optional<bhttp::request_header<>> header;
+  if (parser.chunked()) header = parser.get().base();
+  // Each read must progress within idle_timeout; a slow but steady upload is not cut (C07).
+  const auto ec = co_await async_read_body(stream_, buffer, parser, limits.idle_timeout);
+  if (ec) {
+    reject = rejection_for(ec, limits);
+    co_return reject.has_value();
+  }
+  if (header) parser.get().base() = std::move(*header);
+  co_return true;
+}
+
+template <class Stream>
+asio::awaitable<HandlerResult> BasicSession<Stream>::dispatch(
+    Request request, std::shared_ptr<const config::Config> config, const config::Route& route,
+    const config::Upstream& upstream, Admission::Ticket in_flight, std::string_view method,
+    std::string_view target, unsigned version, bool& keep_alive) {
+  const bool framed = request.has_content_length() || request.chunked();
+  strip_hop_by_hop(request.base());
+  request.erase(bhttp::field::expect);
+  request.erase("Idempotent-Replayed");
+  add_forwarding_fields(request.base(), client_ip_, kTls ? "https" : "http");
+  if (framed || !request.body().empty()) request.content_length(request.body().size());
+  Exchange exchange{std::move(request), std::move(config), &route, &upstream, std::move(in_flight)};
+  std::string failure;
+  try {
+    co_return co_await context_->handler->handle(std::move(exchange));
+  } catch (const std::exception& e) {
+    failure = e.what();
+  } catch (...) {
+    failure = "unknown exception";
+  }
+  log_json(spdlog::level::err, "handler failed",
+           {{"route", route.name},
+            {"method", method},
+            {"target", target},
+            {"error", failure},
+            {"request_id", request_id_}});
+  keep_alive = false;
+  HandlerResult result;
+  result.response = make_problem(Problem::internal_error,
+                                 "the gateway failed while handling the request", version, false);
+  result.outcome = "internal_error";
+  co_return result;
+}
+
+template <class Stream>
+asio::awaitable<bool> BasicSession<Stream>::write_answer(
+    HandlerResult& result, const config::Route* route, std::string_view origin,
+    const config::Config& config, unsigned version, bool head, bool& keep_alive) {
+  const auto& limits = config.limits;
+  Response& res = result.response;
+  if (route && !result.route_fields_set) {
+    context_->handler->add_route_fields(*route, origin, res.base());
+  }
+  finalize_response(res, version, keep_alive, head, config.request_id, request_id_);
+  // Written piece by piece, each within idle_timeout: a client that reads a large held answer
+  // slowly but steadily gets all of it (C07); one that stops reading is cut.
+  boost::system::error_code wec;
+  if (result.tail) {
+    // A held request's answer whose body was not held (C39): it follows as it arrives.
+    const TailOutcome sent =
+        co_await send_tail(ByteStream(stream_), res.base(), *result.tail, limits);
+    if (!sent.written) wec = asio::error::connection_aborted;
+    keep_alive = keep_alive && sent.keep_alive;
+    if (!sent.cut.empty()) {
+      log_json(spdlog::level::warn, "stream cut",
+               {{"route", route ? route->name : std::string()},
+                {"detail", sent.cut},
+                {"request_id", request_id_}});
+    }
+  } else {
+    bhttp::response_serializer<bhttp::string_body> serializer{res};
+    const bool header_only = head && status_has_body(res.result_int());
+    while (!wec && !(header_only ? serializer.is_header_done() : serializer.is_done())) {
+      lowest().expires_after(limits.idle_timeout);
+      if (header_only) {
+        auto [ec, n] = co_await bhttp::async_write_header(stream_, serializer, use_nothrow);
+        wec = ec;
+      } else {
+        auto [ec, n] = co_await bhttp::async_write_some(stream_, serializer, use_nothrow);
+        wec = ec;
+      }
+    }
+  }
+  if (wec) keep_alive = false;
+  co_return !wec;
+}
+
+template <class Stream>
+void BasicSession<Stream>::log_done(const Done& done, Clock::time_point started) {
+  const auto now = Clock::now();
+  const auto total = std::chrono::duration_cast<std::chrono::microseconds>(now - started);
+  const auto started_wall =
+      std::chrono::system_clock::now() -
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(now - started);
+  const std::string_view route = done.route ? std::string_view(done.route->name) : "";
+  log_access(started_wall, route, done.method, done.target, done.status, done.outcome,
+             done.key_hash, to_ms(done.upstream_time), to_ms(total), client_ip_, done.written,
+             request_id_, trace_id_, done.ended);
+  if (context_->observers.request_done) {
+    context_->observers.request_done(route, done.outcome, done.upstream_time);
+  }
+}
+
+template <class Stream>
 asio::awaitable<bool> BasicSession<Stream>::serve_one(beast::flat_buffer& buffer,
                                                       std::shared_ptr<const config::Config> config,
                                                       Clock::time_point started) {
   const auto& limits = config->limits;
-  const auto started_wall =
-      std::chrono::system_clock::now() -
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(Clock::now() - started);
-
-  bhttp::request_parser<bhttp::string_body> parser;
+  HeldParser parser;
   parser.header_limit(header_limit_of(limits));
   // The body limit depends on the route: max_request_body for a request the handler holds,
   // max_streamed_body for a streamed one (C04, C38). It is set once the header is routed.
   parser.body_limit(boost::none);
   check_chunk_extensions(parser);  // RFC 9112 §7.1.1, C03
 
-  HandlerResult result;
-  const config::Route* route = nullptr;
-  bool keep_alive = false;
-  bool head = false;
-  unsigned version = 11;
-
   // A request the gateway refuses itself (C03, C04); the connection closes after the answer.
-  std::optional<Problem> reject;
-  std::string reject_detail;
-  // The header section is whole in `buffer` (complete_header): what is left is parsed under
-  // its deadline.
-  lowest().expires_at(started + limits.header_read_timeout);
-  const bool folded = has_obs_fold({static_cast<const char*>(buffer.data().data()), buffer.size()});
-  boost::system::error_code hec;
-  if (!folded) {
-    auto [ec, n] = co_await bhttp::async_read_header(stream_, buffer, parser, use_nothrow);
-    hec = ec;
-  }
-  if (folded) {
-    reject = Problem::bad_request;
-    reject_detail =
-        "a header field line is continued on the next line (obs-fold), which this gateway "
-        "refuses (RFC 9112 section 5.2)";
-  } else if (hec) {
-    reject = problem_for(hec);
-    if (!reject) co_return false;
-    reject_detail = problem_detail(*reject, limits, hec);
-  } else {
-    version = parser.get().version();
-    const auto te = parser.get().count(bhttp::field::transfer_encoding);
-    // Beast accepts a Transfer-Encoding whose last coding is not chunked, which leaves the body
-    // length undeterminable; RFC 9112 §6.1/§6.3 require 400 and closing for it (C03).
-    if (te > 0 && (!parser.chunked() || version < 11)) {
-      reject = Problem::bad_framing;
-      reject_detail = "Transfer-Encoding must end with chunked on an HTTP/1.1 request";
-    } else if (te > 0) {
-      // Any coding before chunked (gzip, chunked) would reach the upstream still coded but
-      // without its Transfer-Encoding, and be fingerprinted coded: refuse it (RFC 9112 §6.1).
-      const bhttp::token_list codings(parser.get()[bhttp::field::transfer_encoding]);
-      if (te != 1 || std::distance(codings.begin(), codings.end()) != 1) {
-        reject = Problem::bad_framing;
-        reject_detail = "only the chunked transfer coding is supported, alone";
-      }
-    }
-    // RFC 9112 §3.2: exactly one Host on HTTP/1.1, never two; otherwise the gateway and the
-    // upstream could each route by a different one.
-    const auto hosts = parser.get().count(bhttp::field::host);
-    if (!reject && (hosts > 1 || (hosts == 0 && version >= 11))) {
-      reject = Problem::bad_request;
-      reject_detail = hosts > 1 ? "the request has more than one Host field"
-                                : "an HTTP/1.1 request must carry a Host field";
-    }
-    if (!reject) {
-      // RFC 9112 §3.2.2: with an absolute-form target the authority in the target wins over
-      // Host; route and forward by it, in origin-form.
-      auto& req = parser.get();
-      const std::string_view target(req.target().data(), req.target().size());
-      if (!target.empty() && target.front() != '/' && target != "*") {
-        auto url = boost::urls::parse_absolute_uri(target);
-        if (!url || !url->has_authority() || url->encoded_host().empty()) {
-          reject = Problem::bad_request;
-          reject_detail = "the request target is neither origin-form nor a valid absolute URI";
-        } else {
-          std::string origin(url->encoded_path());
-          if (origin.empty()) origin = "/";
-          if (url->has_query()) origin += "?" + std::string(url->encoded_query());
-          req.set(bhttp::field::host, std::string(url->encoded_authority()));
-          req.target(origin);
-        }
-      }
-    }
-  }
-
+  std::optional<Rejection> reject;
+  if (!co_await read_head(buffer, parser, limits, started, reject)) co_return false;
+  const bool parsed = parser.is_header_done();
+  const unsigned version = parsed ? parser.get().version() : 11;
   // Before anything is answered: every answer, the gateway's own included, carries the id.
-  take_ids(parser.is_header_done() ? &parser.get() : nullptr, config->request_id);
+  take_ids(parsed ? &parser.get() : nullptr, config->request_id);
   // For the handler's fields on every answer of the route (add_route_fields, C57).
-  std::string origin;
-  if (parser.is_header_done()) origin = parser.get()[bhttp::field::origin];
+  const std::string origin(parsed ? parser.get()[bhttp::field::origin] : "");
 
   // Routed by the header alone; what the handler does not need whole is streamed (C38, C40).
-  bool routed = false;
+  const config::Route* route = nullptr;
+  auto upstream = config->upstreams.end();
   // The request's place in its route's max_in_flight, held until it is answered (C53).
   Admission::Ticket in_flight;
   bool shed = false;
-  bool shed_unread_body = false;  // a streamed request shed before its body was read
+  bool shed_unread_body = false;  // shed before its body was read: the rest is not read
   if (!reject) {
     const auto& hdr = parser.get();
     const std::string_view t(hdr.target().data(), hdr.target().size());
     route = match(*config, hdr[bhttp::field::host], target_path(t), hdr.method_string());
-    routed = true;
+    if (route) upstream = config->upstreams.find(route->upstream);
     if (route && context_->admission) {
       in_flight = context_->admission->enter(*route);
       shed = !in_flight;
     }
-    UpstreamPool* const pool = context_->handler->streaming_pool();
-    const auto upstream = route ? config->upstreams.find(route->upstream) : config->upstreams.end();
-    if (pool && upstream != config->upstreams.end() && !context_->handler->holds(*route, hdr)) {
+    if (upstream != config->upstreams.end() && context_->handler->streaming_pool() &&
+        !context_->handler->holds(*route, hdr)) {
       const auto length = parser.content_length();
       if (shed) {
-        // Not read: the body may be of any length. The connection closes after the answer.
-        shed_unread_body = !parser.is_done();
+        shed_unread_body = !parser.is_done();  // the body may be of any length
       } else if (limits.max_streamed_body > 0 && length && *length > limits.max_streamed_body) {
-        reject = Problem::payload_too_large;
-        reject_detail = "the request body (" + std::to_string(*length) +
-                        " bytes) exceeds max_streamed_body (" +
-                        std::to_string(limits.max_streamed_body) + " bytes)";
+        reject = Rejection{Problem::payload_too_large,
+                           "the request body (" + std::to_string(*length) +
+                               " bytes) exceeds max_streamed_body (" +
+                               std::to_string(limits.max_streamed_body) + " bytes)"};
       } else {
         co_return co_await stream_one(buffer, parser, *config, *route, upstream->second, started,
-                                      started_wall, origin);
+                                      origin);
       }
     }
   }
-
   if (shed && !parser.is_done() &&
       beast::iequals(parser.get()[bhttp::field::expect], "100-continue")) {
     shed_unread_body = true;  // the client waits to be asked for the body: it is not
   }
   if (!reject && !shed_unread_body && !parser.is_done()) {
-    // A held body (C04): a declared length over the limit is refused before any body byte.
-    parser.body_limit(static_cast<std::uint64_t>(limits.max_request_body));
-    if (const auto length = parser.content_length(); length && *length > limits.max_request_body) {
-      reject = Problem::payload_too_large;
-      reject_detail = problem_detail(Problem::payload_too_large, limits, {});
-    }
-  }
-  if (!reject && !shed_unread_body && !parser.is_done()) {
-    const auto expect = parser.get()[bhttp::field::expect];
-    if (version >= 11 && beast::iequals(expect, "100-continue")) {
-      bhttp::response<bhttp::empty_body> interim{bhttp::status::continue_, 11};
-      lowest().expires_after(limits.idle_timeout);
-      auto [wec, wn] = co_await bhttp::async_write(stream_, interim, use_nothrow);
-      if (wec) co_return false;
-    }
-    // Trailer fields would be merged into the header: keep the header as it arrived.
-    std::optional<bhttp::request_header<>> header;
-    if (parser.chunked()) header = parser.get().base();
-    // Each read must progress within idle_timeout; a slow but steady upload is not cut (C07).
-    const auto bec = co_await async_read_body(stream_, buffer, parser, limits.idle_timeout);
-    if (bec) {
-      reject = problem_for(bec);
-      if (!reject) co_return false;
-      reject_detail = problem_detail(*reject, limits, bec);
-    } else if (header) {
-      parser.get().base() = std::move(*header);
-    }
+    if (!co_await read_held_body(buffer, parser, limits, reject)) co_return false;
   }
 
   Request request = parser.release();
   const std::string method(request.method_string());
   const std::string target(request.target());
-  head = request.method() == bhttp::verb::head;
-
+  const bool head = request.method() == bhttp::verb::head;
+  bool keep_alive = false;
+  HandlerResult result;
   if (reject) {
     reject_pending_input_ = true;
-    result.response = make_problem(*reject, std::move(reject_detail), version, false);
+    result.response = make_problem(reject->problem, std::move(reject->detail), version, false);
     result.outcome = "rejected";
   } else {
     keep_alive = request.keep_alive() && !close_after_response_ && !context_->draining;
-    if (!routed) route = match(*config, request[bhttp::field::host], target_path(target), method);
-    const auto upstream = route ? config->upstreams.find(route->upstream) : config->upstreams.end();
     if (shed_unread_body) {
       // The rest of the body is still on its way: discarded by the lingering close.
       keep_alive = false;
@@ -572,92 +621,24 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(beast::flat_buffer& buffer
                        "route " + route->name + " names an unknown upstream", version, keep_alive);
       result.outcome = "internal_error";
     } else {
-      const bool framed = request.has_content_length() || request.chunked();
-      strip_hop_by_hop(request.base());
-      request.erase(bhttp::field::expect);
-      request.erase("Idempotent-Replayed");
-      add_forwarding_fields(request.base(), client_ip_, kTls ? "https" : "http");
-      if (framed || !request.body().empty()) {
-        request.content_length(request.body().size());
-      }
-      Exchange exchange{std::move(request), config, route, &upstream->second, std::move(in_flight)};
-      std::string failure;
-      try {
-        result = co_await context_->handler->handle(std::move(exchange));
-      } catch (const std::exception& e) {
-        failure = e.what();
-      } catch (...) {
-        failure = "unknown exception";
-      }
-      if (!failure.empty()) {
-        log_json(spdlog::level::err, "handler failed",
-                 {{"route", route->name},
-                  {"method", method},
-                  {"target", target},
-                  {"error", failure},
-                  {"request_id", request_id_}});
-        keep_alive = false;
-        result = HandlerResult{};
-        result.response =
-            make_problem(Problem::internal_error, "the gateway failed while handling the request",
-                         version, false);
-        result.outcome = "internal_error";
-      }
+      result = co_await dispatch(std::move(request), config, *route, upstream->second,
+                                 std::move(in_flight), method, target, version, keep_alive);
       keep_alive = keep_alive && !close_after_response_ && !context_->draining;
     }
   }
-
-  Response& res = result.response;
-  if (route && !result.route_fields_set) {
-    context_->handler->add_route_fields(*route, origin, res.base());
-  }
-  finalize_response(res, version, keep_alive, head, config->request_id, request_id_);
-  // Written piece by piece, each within idle_timeout: a client that reads a large held answer
-  // slowly but steadily gets all of it (C07); one that stops reading is cut.
-  boost::system::error_code wec;
-  if (result.tail) {
-    // A held request's answer whose body was not held (C39): it follows as it arrives.
-    const TailOutcome sent =
-        co_await send_tail(ByteStream(stream_), res.base(), *result.tail, limits);
-    if (!sent.written) wec = asio::error::connection_aborted;
-    keep_alive = keep_alive && sent.keep_alive;
-    if (!sent.cut.empty()) {
-      log_json(spdlog::level::warn, "stream cut",
-               {{"route", route->name}, {"detail", sent.cut}, {"request_id", request_id_}});
-    }
-  } else {
-    bhttp::response_serializer<bhttp::string_body> serializer{res};
-    const bool header_only = head && status_has_body(res.result_int());
-    while (!wec && !(header_only ? serializer.is_header_done() : serializer.is_done())) {
-      lowest().expires_after(limits.idle_timeout);
-      if (header_only) {
-        auto [ec, n] = co_await bhttp::async_write_header(stream_, serializer, use_nothrow);
-        wec = ec;
-      } else {
-        auto [ec, n] = co_await bhttp::async_write_some(stream_, serializer, use_nothrow);
-        wec = ec;
-      }
-    }
-  }
-  if (wec) keep_alive = false;
-
-  const auto total = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
-  log_access(started_wall, route ? std::string_view(route->name) : std::string_view(), method,
-             target, res.result_int(), result.outcome, result.key_hash, to_ms(result.upstream_time),
-             to_ms(total), client_ip_, !wec, request_id_, trace_id_);
-  if (context_->observers.request_done) {
-    context_->observers.request_done(route ? std::string_view(route->name) : std::string_view(),
-                                     result.outcome, result.upstream_time);
-  }
+  const bool written =
+      co_await write_answer(result, route, origin, *config, version, head, keep_alive);
+  log_done({route, method, target, result.response.result_int(), result.outcome, result.key_hash,
+            result.upstream_time, written, ""},
+           started);
   co_return keep_alive;
 }
 
 template <class Stream>
 asio::awaitable<bool> BasicSession<Stream>::stream_one(
-    beast::flat_buffer& buffer, bhttp::request_parser<bhttp::string_body>& parser,
-    const config::Config& config, const config::Route& route, const config::Upstream& upstream,
-    Clock::time_point started, std::chrono::system_clock::time_point started_wall,
-    std::string origin) {
+    beast::flat_buffer& buffer, HeldParser& parser, const config::Config& config,
+    const config::Route& route, const config::Upstream& upstream, Clock::time_point started,
+    std::string_view origin) {
   const auto& limits = config.limits;
   auto& header = parser.get();
   const unsigned version = header.version();
@@ -669,13 +650,9 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
   const bool websocket =
       std::find(route.upgrade.begin(), route.upgrade.end(), "websocket") != route.upgrade.end() &&
       beast::websocket::is_upgrade(header);
-
   if (!parser.is_done() && version >= 11 &&
       beast::iequals(header[bhttp::field::expect], "100-continue")) {
-    bhttp::response<bhttp::empty_body> interim{bhttp::status::continue_, 11};
-    lowest().expires_after(limits.idle_timeout);
-    auto [wec, wn] = co_await bhttp::async_write(stream_, interim, use_nothrow);
-    if (wec) co_return false;
+    if (!co_await send_continue(limits)) co_return false;
   }
   strip_hop_by_hop(header);
   header.erase(bhttp::field::expect);
@@ -688,24 +665,6 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
   streamed.body_limit(limits.max_streamed_body > 0
                           ? static_cast<std::uint64_t>(limits.max_streamed_body)
                           : static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()));
-
-  RelayRequest request{ByteStream(stream_)};
-  request.client_buffer = &buffer;
-  request.parser = &streamed;
-  request.client_version = version;
-  request.client_keep_alive = client_keep_alive;
-  request.head = head;
-  request.websocket = websocket;
-  request.limits = &limits;
-  request.upstream = &upstream;
-  request.pool = context_->handler->streaming_pool();
-  request.handler = context_->handler;
-  request.route = &route;
-  request.origin = origin;
-  request.tunnel_observer = context_->observers.tunnel;
-  request.request_id_header = config.request_id.header;
-  request.request_id = request_id_;
-  state_ = State::busy;
   // A tunnel's place among max_tunnels, from the upgrade request to the tunnel's end (C52).
   Admission::Ticket tunnel;
   if (websocket && context_->admission)
@@ -719,49 +678,64 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
                                         "forwarded, retry later",
                                     version, outcome.keep_alive);
   } else {
+    RelayRequest request{ByteStream(stream_)};
+    request.client_buffer = &buffer;
+    request.parser = &streamed;
+    request.client_version = version;
+    request.client_keep_alive = client_keep_alive;
+    request.head = head;
+    request.websocket = websocket;
+    request.limits = &limits;
+    request.upstream = &upstream;
+    request.pool = context_->handler->streaming_pool();
+    request.handler = context_->handler;
+    request.route = &route;
+    request.origin = origin;
+    request.tunnel_observer = context_->observers.tunnel;
+    request.request_id_header = config.request_id.header;
+    request.request_id = request_id_;
     outcome = co_await relay(std::move(request));
   }
-
-  bool written = outcome.written;
-  unsigned status = outcome.status;
   // A client body that breaks its framing (C03) or passes max_streamed_body (C38) before any
   // response byte: the upstream's connection is already gone (the exchange is cut); the client
   // gets 400 or 413 and its connection closes.
-  if (outcome.request_error && status == 0 && !outcome.problem) {
-    if (const auto problem = problem_for(outcome.request_error)) {
-      outcome.problem = make_problem(*problem,
-                                     outcome.request_error == bhttp::error::body_limit
-                                         ? "the request body exceeds max_streamed_body (" +
-                                               std::to_string(limits.max_streamed_body) + " bytes)"
-                                         : problem_detail(*problem, limits, outcome.request_error),
-                                     version, false);
+  if (outcome.request_error && outcome.status == 0 && !outcome.problem) {
+    if (auto rejection = rejection_for(outcome.request_error, limits)) {
+      if (outcome.request_error == bhttp::error::body_limit) {
+        rejection->detail = "the request body exceeds max_streamed_body (" +
+                            std::to_string(limits.max_streamed_body) + " bytes)";
+      }
+      outcome.problem =
+          make_problem(rejection->problem, std::move(rejection->detail), version, false);
       outcome.keep_alive = false;
       outcome.outcome = "rejected";
     }
   }
   if (outcome.problem) {
-    Response& res = *outcome.problem;
-    context_->handler->add_route_fields(route, origin, res.base());
-    finalize_response(res, version, outcome.keep_alive, head, config.request_id, request_id_);
-    status = res.result_int();
-    lowest().expires_after(limits.idle_timeout);
-    auto [ec, n] = co_await bhttp::async_write(stream_, res, use_nothrow);
-    written = !ec;
-    if (ec) outcome.keep_alive = false;
+    HandlerResult answer;
+    answer.response = std::move(*outcome.problem);
+    outcome.written =
+        co_await write_answer(answer, &route, origin, config, version, head, outcome.keep_alive);
+    outcome.status = answer.response.result_int();
     if (outcome.outcome == "upstream_error") {
       log_json(spdlog::level::warn, "upstream failed",
                {{"route", route.name},
                 {"upstream", upstream.name},
-                {"detail", res.body()},
+                {"detail", answer.response.body()},
                 {"request_id", request_id_}});
     }
   }
   // The rest of a body the upstream never took (or answered early, C47) may still be arriving.
   if (!streamed.is_done()) reject_pending_input_ = true;
-  const bool keep_alive = outcome.keep_alive && !close_after_response_ && !context_->draining;
-  const std::string_view ended = outcome.client_closed ? "client_closed" : "";
+  log_streamed(outcome, route, method, target, started);
+  co_return outcome.keep_alive && !close_after_response_ && !context_->draining;
+}
 
-  const auto total = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
+template <class Stream>
+void BasicSession<Stream>::log_streamed(const RelayOutcome& outcome, const config::Route& route,
+                                        std::string_view method, std::string_view target,
+                                        Clock::time_point started) {
+  const std::string_view ended = outcome.client_closed ? "client_closed" : "";
   if (!outcome.cut.empty()) {
     log_json(spdlog::level::warn, outcome.tunnel ? "tunnel cut" : "stream cut",
              {{"route", route.name},
@@ -771,34 +745,37 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
               {"detail", outcome.cut},
               {"request_id", request_id_}});
   }
-  if (outcome.tunnel) {
-    // A tunnel's line carries what it moved (C40).
-    boost::json::object line{{"time", format_rfc3339(started_wall)},
-                             {"route", route.name},
-                             {"method", method},
-                             {"target", target},
-                             {"status", status},
-                             {"outcome", outcome.outcome},
-                             {"key_hash", ""},
-                             {"upstream_ms", to_ms(outcome.upstream_time)},
-                             {"total_ms", to_ms(total)},
-                             {"client", client_ip_},
-                             {"written", written},
-                             {"request_id", request_id_},
-                             {"trace_id", trace_id_},
-                             {"bytes_in", outcome.bytes_in},
-                             {"bytes_out", outcome.bytes_out}};
-    if (!ended.empty()) line["ended"] = ended;
-    log_json(spdlog::level::info, "access", std::move(line));
-  } else {
-    log_access(started_wall, route.name, method, target, status, outcome.outcome, "",
-               to_ms(outcome.upstream_time), to_ms(total), client_ip_, written, request_id_,
-               trace_id_, ended);
+  if (!outcome.tunnel) {
+    log_done({&route, method, target, outcome.status, outcome.outcome, "", outcome.upstream_time,
+              outcome.written, ended},
+             started);
+    return;
   }
+  // A tunnel's line carries what it moved (C40).
+  const auto now = Clock::now();
+  const auto total = std::chrono::duration_cast<std::chrono::microseconds>(now - started);
+  const auto started_wall = std::chrono::system_clock::now() -
+                            std::chrono::duration_cast<std::chrono::system_clock::duration>(total);
+  boost::json::object line{{"time", format_rfc3339(started_wall)},
+                           {"route", route.name},
+                           {"method", method},
+                           {"target", target},
+                           {"status", outcome.status},
+                           {"outcome", outcome.outcome},
+                           {"key_hash", ""},
+                           {"upstream_ms", to_ms(outcome.upstream_time)},
+                           {"total_ms", to_ms(total)},
+                           {"client", client_ip_},
+                           {"written", outcome.written},
+                           {"request_id", request_id_},
+                           {"trace_id", trace_id_},
+                           {"bytes_in", outcome.bytes_in},
+                           {"bytes_out", outcome.bytes_out}};
+  if (!ended.empty()) line["ended"] = ended;
+  log_json(spdlog::level::info, "access", std::move(line));
   if (context_->observers.request_done) {
     context_->observers.request_done(route.name, outcome.outcome, outcome.upstream_time);
   }
-  co_return keep_alive;
 }
 
 template <class Session>
