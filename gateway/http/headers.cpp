@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/rfc7230.hpp>
+#include <boost/container/small_vector.hpp>
 #include <cctype>
 #include <charconv>
+#include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "gateway/common/ows.hpp"
@@ -50,8 +53,9 @@ bool upgrade_names(const Fields& fields, std::string_view protocol) {
 void strip_hop_by_hop(Fields& fields) {
   // Fields named by Connection go first: the Connection field itself is among kHopByHop. Host
   // is exempt: a client naming it would otherwise make the forwarded request invalid (C02 keeps
-  // it). The names are copied: erasing fields frees the values the list points into.
-  std::vector<std::string> named;
+  // it). The names are copied: erasing fields frees the values the list points into. (Usually
+  // one name, "keep-alive" or "close": no allocation.)
+  boost::container::small_vector<std::string, 2> named;
   for (const auto& f : fields) {
     if (f.name() != bhttp::field::connection) continue;
     for (const auto& name : bhttp::token_list(f.value())) {
@@ -165,6 +169,70 @@ bool valid_chunk_extensions(std::string_view ext) {
       return false;
     }
   }
+}
+
+namespace {
+
+/// Appends bytes to [out, out + capacity) while they fit; `full` once they did not.
+struct HeadWriter {
+  char* out;
+  std::size_t capacity;
+  std::size_t size = 0;
+  bool full = false;
+
+  void put(std::string_view bytes) {
+    if (full || bytes.size() > capacity - size) {
+      full = true;
+      return;
+    }
+    std::memcpy(out + size, bytes.data(), bytes.size());
+    size += bytes.size();
+  }
+  void put_version(unsigned version) {
+    const char text[] = {'H', 'T',
+                         'T', 'P',
+                         '/', static_cast<char>('0' + version / 10),
+                         '.', static_cast<char>('0' + version % 10)};
+    put({text, sizeof text});
+  }
+  std::size_t fields_and_end(const Fields& fields) {
+    for (const auto& field : fields) {
+      put(field.name_string());
+      put(": ");
+      put(field.value());
+      put("\r\n");
+    }
+    put("\r\n");
+    return full ? 0 : size;
+  }
+};
+
+}  // namespace
+
+std::size_t render_head(const bhttp::response_header<>& header, char* out, std::size_t capacity) {
+  HeadWriter w{out, capacity};
+  w.put_version(header.version());
+  const unsigned code = header.result_int();
+  const char status[] = {' ', static_cast<char>('0' + code / 100 % 10),
+                         static_cast<char>('0' + code / 10 % 10),
+                         static_cast<char>('0' + code % 10), ' '};
+  w.put({status, sizeof status});
+  const std::string_view reason(header.reason().data(), header.reason().size());
+  w.put(reason.empty() ? std::string_view(bhttp::obsolete_reason(static_cast<bhttp::status>(code)))
+                       : reason);
+  w.put("\r\n");
+  return w.fields_and_end(header);
+}
+
+std::size_t render_head(const bhttp::request_header<>& header, char* out, std::size_t capacity) {
+  HeadWriter w{out, capacity};
+  w.put({header.method_string().data(), header.method_string().size()});
+  w.put(" ");
+  w.put({header.target().data(), header.target().size()});
+  w.put(" ");
+  w.put_version(header.version());
+  w.put("\r\n");
+  return w.fields_and_end(header);
 }
 
 }  // namespace idemgate::http

@@ -3,7 +3,9 @@
 // X-Forwarded-*, Via, and small field helpers. Pure functions on Beast field containers.
 
 #include <boost/beast/http/fields.hpp>
+#include <boost/beast/http/message.hpp>
 #include <chrono>
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -53,5 +55,15 @@ bool status_has_body(unsigned status);
 /// value, a bare LF, NUL or DEL included; a front proxy reading such an LF as a line end would
 /// frame the body differently (SPEC C03), so the gateway checks the whole grammar itself.
 bool valid_chunk_extensions(std::string_view extensions);
+
+/// Writes the bytes HTTP/1.1 puts on the wire for `header` (RFC 9112 §2.1) into [out, out +
+/// capacity): the status line (the reason phrase as received, else the status's standard one),
+/// every field as it is, in order, and the empty line; the bytes Beast's serializer writes for it.
+/// Returns their count, or 0 when they do not fit (the caller then serializes as usual).
+std::size_t render_head(const boost::beast::http::response_header<>& header, char* out,
+                        std::size_t capacity);
+/// The same for a request: the request line (method, target, version), the fields, the empty line.
+std::size_t render_head(const boost::beast::http::request_header<>& header, char* out,
+                        std::size_t capacity);
 
 }  // namespace idemgate::http

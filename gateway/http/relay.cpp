@@ -1,10 +1,12 @@
 #include "gateway/http/relay.hpp"
 
 #include <algorithm>
+#include <array>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/string.hpp>
+#include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/serializer.hpp>
@@ -207,6 +209,39 @@ bool frame_streamed(bhttp::response<bhttp::buffer_body>& res, const StreamRespon
   return keep_alive;
 }
 
+/// The length of a response body that the header's read already brought whole into `buffer`:
+/// 0 when the message has none (HEAD, 1xx/204/304, Content-Length: 0), its Content-Length when
+/// `buffer` holds that much; nullopt when more is to be read or the body is chunked or delimited
+/// by the connection's close.
+std::optional<std::size_t> whole_body_read(const StreamResponseParser& parser,
+                                           const beast::flat_buffer& buffer, bool head) {
+  if (parser.is_done() || head) return 0;
+  const auto length = parser.content_length();
+  if (!length || parser.chunked() || *length > buffer.size()) return std::nullopt;
+  return static_cast<std::size_t>(*length);
+}
+
+/// Writes `header` and the first `length` bytes of `buffer` (the whole body) in one write within
+/// `timeout`, the head rendered into `scratch`; consumes those bytes. The serializer writes a
+/// head that does not fit `scratch`.
+asio::awaitable<error_code> write_whole(ByteStream client, const bhttp::response_header<>& header,
+                                        beast::flat_buffer& buffer, std::size_t length,
+                                        StreamBuffer& scratch, config::Duration timeout) {
+  std::size_t head_size = render_head(header, scratch.data(), scratch.size());
+  client.tcp().expires_after(timeout);
+  if (head_size == 0) {
+    bhttp::response<bhttp::empty_body> head_only{header};
+    bhttp::response_serializer<bhttp::empty_body> sr{head_only};
+    auto [ec, n] = co_await bhttp::async_write_header(client, sr, use_nothrow);
+    if (ec) co_return ec;
+  }
+  const std::array<asio::const_buffer, 2> message{asio::buffer(scratch.data(), head_size),
+                                                  asio::buffer(buffer.data().data(), length)};
+  auto [ec, n] = co_await asio::async_write(client, message, use_nothrow);
+  buffer.consume(length);
+  co_return ec;
+}
+
 /// Writes the header `rs` serializes, then `prefix` (body bytes read already), then the rest of
 /// the body from `up` as it arrives, one `down` buffer at a time (C38, C39). Each client write
 /// must progress within `client_idle`, each upstream read within `up_idle`. On failure, `cut`
@@ -241,17 +276,14 @@ asio::awaitable<error_code> pass_body(ByteStream up, beast::flat_buffer& ubuf,
 /// connection would be one more recv per request that finds nothing.
 constexpr auto kWatchAfter = std::chrono::milliseconds(200);
 
-/// What the three tasks of one attempt share: the request goes up while the response comes down
+/// What the tasks of one attempt share: the request goes up while the response comes down
 /// (C47), and the client's connection is watched once nothing else reads it (C48).
 struct Duplex {
   Duplex(const asio::any_io_executor& executor, ByteStream upstream)
-      : up(upstream), wake(executor), deadline(executor) {
-    wake.expires_at(Clock::time_point::max());
-  }
+      : up(upstream), deadline(executor) {}
   ByteStream up;
   beast::flat_buffer ubuf{2 * kMaxResponseHeaderBytes};
   std::unique_ptr<StreamResponseParser> rparser;
-  asio::steady_timer wake;  ///< never expires: cancelled to wake the tasks waiting below
   /// From the request's end: kWatchAfter, then request_timeout for the header.
   asio::steady_timer deadline;
   bool uploaded = false;       ///< the upload task is past the request (sent, or failed)
@@ -284,13 +316,46 @@ struct RelayState {
   std::optional<std::chrono::seconds> upstream_keep_alive;
 };
 
-/// The download ended: wake the other tasks, stop the header deadline and any client read (the
-/// upload's or the watch's; nothing writes to the client any more).
+/// The download ended: stop the header deadline and any client read (the upload's or the
+/// watch's; nothing writes to the client any more).
 void end_exchange(RelayState& x, Duplex& d) {
   d.ended = true;
   d.deadline.cancel();
-  d.wake.cancel();
   x.in.client.tcp().cancel();
+}
+
+/// Once the request is out and the exchange has lasted kWatchAfter, a read on the client's
+/// connection (which nothing else reads then) notices a close or a reset while the client waits
+/// for the response or while it streams (C48): the upstream connection is closed at once. Bytes
+/// that arrive instead (the next pipelined request) stay in the client's buffer for the session.
+asio::awaitable<void> watch(RelayState& x, Duplex& d) {
+  constexpr std::size_t kWatchRead = 4096;
+  auto& buffer = *x.in.client_buffer;
+  if (d.ended || d.client_failed || buffer.size() > 0) co_return;
+  const std::size_t room = std::min(kWatchRead, buffer.max_size() - buffer.size());
+  if (room == 0) co_return;
+  x.in.client.tcp().expires_never();
+  auto [ec, n] = co_await x.in.client.async_read_some(buffer.prepare(room), use_nothrow);
+  buffer.commit(n);
+  if (!ec || d.ended) co_return;
+  x.out.client_closed = true;
+  note_cut(x.out, ec == asio::error::eof ? "the client closed the connection"
+                                         : "the client connection failed: " + ec.message());
+  d.up.tcp().close();
+  x.in.client.tcp().close();
+}
+
+/// Waits for the response header until `head_by`: past it, the exchange times out (the upstream
+/// connection closes, the download reports it). Ends early when the header or the end comes.
+asio::awaitable<void> header_deadline(Duplex& d, Clock::time_point head_by) {
+  while (!d.ended && !d.answered) {
+    d.deadline.expires_at(head_by);
+    co_await d.deadline.async_wait(use_nothrow);
+    if (!d.ended && !d.answered && Clock::now() >= head_by) {
+      d.timed_out = true;
+      d.up.tcp().close();
+    }
+  }
 }
 
 /// The request to the upstream: the header with a held body, or the header and then the body
@@ -301,7 +366,18 @@ asio::awaitable<void> upload(RelayState& x, Duplex& d) {
   auto& req = x.parser.get();
   bhttp::request_serializer<bhttp::buffer_body> sr{req};
   error_code wec;
-  if (x.retryable) {
+  // A held body's head goes out with it in one write, rendered behind it in the same buffer
+  // when it fits there.
+  const std::size_t head_size =
+      x.retryable ? render_head(req, x.up_buffer.data() + x.held, x.up_buffer.size() - x.held) : 0;
+  if (head_size > 0) {
+    const std::array<asio::const_buffer, 2> request{
+        asio::buffer(x.up_buffer.data() + x.held, head_size),
+        asio::buffer(x.up_buffer.data(), x.held)};
+    d.up.tcp().expires_after(x.upstream.request_timeout);
+    auto [ec, n] = co_await asio::async_write(d.up, request, use_nothrow);
+    wec = ec;
+  } else if (x.retryable) {
     req.body().data = x.held == 0 ? nullptr : x.up_buffer.data();
     req.body().size = x.held;
     req.body().more = false;
@@ -328,7 +404,6 @@ asio::awaitable<void> upload(RelayState& x, Duplex& d) {
                             : "reading the request body failed: " + rec.message());
         d.client_failed = true;
         d.uploaded = true;
-        d.wake.cancel();
         d.up.tcp().close();
         co_return;
       }
@@ -340,51 +415,29 @@ asio::awaitable<void> upload(RelayState& x, Duplex& d) {
   // reading (C47), and the download finds out.
   d.write_error = wec;
   d.uploaded = true;
-  // One timer: when the client's watch starts, and until when the header may take.
+  // One timer: until the client's watch starts, and until when the header may take. A quick
+  // exchange ends before kWatchAfter, with no watch started.
   const auto now = Clock::now();
   const auto watch_at = now + kWatchAfter;
   const auto head_by =
       now + std::chrono::duration_cast<Clock::duration>(x.upstream.request_timeout);
-  while (!d.ended && (!d.answered || !d.watching)) {
-    if (d.watching) {
-      d.deadline.expires_at(head_by);
-    } else {
-      d.deadline.expires_at(d.answered ? watch_at : std::min(watch_at, head_by));
-    }
+  while (!d.ended && Clock::now() < watch_at) {
+    d.deadline.expires_at(d.answered ? watch_at : std::min(watch_at, head_by));
     co_await d.deadline.async_wait(use_nothrow);
-    if (d.ended) break;
-    if (!d.watching && Clock::now() >= watch_at) {
-      d.watching = true;
-      d.wake.cancel();
-    }
-    if (!d.answered && Clock::now() >= head_by) {
+    if (!d.ended && !d.answered && Clock::now() >= head_by) {
       d.timed_out = true;
       d.up.tcp().close();
-      break;
+      co_return;
     }
   }
-}
-
-/// Once the request is out and the exchange has lasted kWatchAfter, a read on the client's
-/// connection (which nothing else reads then) notices a close or a reset while the client waits
-/// for the response or while it streams (C48): the upstream connection is closed at once. Bytes
-/// that arrive instead (the next pipelined request) stay in the client's buffer for the session.
-asio::awaitable<void> watch(RelayState& x, Duplex& d) {
-  constexpr std::size_t kWatchRead = 4096;
-  while (!d.watching && !d.ended) co_await d.wake.async_wait(use_nothrow);
-  auto& buffer = *x.in.client_buffer;
-  if (d.ended || d.client_failed || buffer.size() > 0) co_return;
-  const std::size_t room = std::min(kWatchRead, buffer.max_size() - buffer.size());
-  if (room == 0) co_return;
-  x.in.client.tcp().expires_never();
-  auto [ec, n] = co_await x.in.client.async_read_some(buffer.prepare(room), use_nothrow);
-  buffer.commit(n);
-  if (!ec || d.ended) co_return;
-  x.out.client_closed = true;
-  note_cut(x.out, ec == asio::error::eof ? "the client closed the connection"
-                                         : "the client connection failed: " + ec.message());
-  d.up.tcp().close();
-  x.in.client.tcp().close();
+  if (d.ended) co_return;
+  d.watching = true;
+  if (d.answered) {
+    co_await watch(x, d);
+  } else {
+    using namespace asio::experimental::awaitable_operators;
+    co_await (header_deadline(d, head_by) && watch(x, d));
+  }
 }
 
 /// The response header arrived: relay it and its body to the client (C38).
@@ -415,11 +468,18 @@ asio::awaitable<void> respond(RelayState& x, Duplex& d) {
       frame_streamed(res, rparser, in.head, in.client_keep_alive && x.parser.is_done());
 
   StreamBuffer down(limits.stream_buffer);
-  bhttp::response_serializer<bhttp::buffer_body> rs{res};
-  std::string no_prefix;
-  const auto ec =
-      co_await pass_body(d.up, d.ubuf, rparser, rs, in.client, no_prefix, down,
-                         x.upstream.idle_timeout, limits.idle_timeout, x.upstream.name, out);
+  error_code ec;
+  if (const auto whole = whole_body_read(rparser, d.ubuf, in.head)) {
+    // The usual answer: its body (if any) came with the header. The head is rendered and goes
+    // out with the body in one write.
+    ec = co_await write_whole(in.client, res.base(), d.ubuf, *whole, down, limits.idle_timeout);
+    if (ec) note_cut(out, "writing the response failed: " + ec.message());
+  } else {
+    bhttp::response_serializer<bhttp::buffer_body> rs{res};
+    std::string no_prefix;
+    ec = co_await pass_body(d.up, d.ubuf, rparser, rs, in.client, no_prefix, down,
+                            x.upstream.idle_timeout, limits.idle_timeout, x.upstream.name, out);
+  }
   if (ec) {
     out.keep_alive = false;
     in.client.tcp().close();
@@ -438,24 +498,25 @@ asio::awaitable<void> download(RelayState& x, Duplex& d) {
       co_await read_response_head(d.up, d.ubuf, d.rparser, x.in.head, x.in.websocket);
   d.answered = true;
   if (d.watching) d.deadline.cancel();  // else it wakes for the watch and finds the header
-  const std::string where = "upstream " + x.upstream.name + " (" + x.server + ")";
+  // Named only when there is a failure to describe.
+  const auto where = [&x] { return "upstream " + x.upstream.name + " (" + x.server + ")"; };
   if (got.error) {
     x.timed_out =
         d.timed_out || got.error == beast::error::timeout || d.write_error == beast::error::timeout;
     x.stale = !got.got_bytes && !x.timed_out && closed_before_answer(got.error);
     if (x.timed_out) {
-      x.failure = where + " gave no response header within request_timeout";
+      x.failure = where() + " gave no response header within request_timeout";
     } else if (d.write_error && !got.got_bytes) {
-      x.failure = where + ": writing the request failed: " + d.write_error.message();
+      x.failure = where() + ": writing the request failed: " + d.write_error.message();
     } else {
-      x.failure = where + ": reading the response header failed: " + got.error.message();
+      x.failure = where() + ": reading the response header failed: " + got.error.message();
     }
   } else if (!got.refused.empty()) {
-    x.failure = where + ": " + got.refused;
+    x.failure = where() + ": " + got.refused;
   } else if (d.rparser->get().result_int() == 101 &&
              !upgrade_names(d.rparser->get().base(), "websocket")) {
     // RFC 9110 §7.8: the server switches to a protocol the client listed, and says which.
-    x.failure = where + ": the upstream switched protocols to '" +
+    x.failure = where() + ": the upstream switched protocols to '" +
                 std::string(d.rparser->get()[bhttp::field::upgrade]) +
                 "', not the websocket the client asked for";
   } else if (d.rparser->get().result_int() == 101) {
@@ -623,7 +684,7 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
     x.failure.clear();
     x.stale = x.timed_out = false;
     // Both directions at once from the first byte (C47), the client watched (C48).
-    co_await (upload(x, *d) && download(x, *d) && watch(x, *d));
+    co_await (upload(x, *d) && download(x, *d));
     if (x.stale && attempt == 0 && lease->pooled && x.retryable && !out.client_closed) {
       continue;  // C08: the pooled connection was closed as the request went out
     }

@@ -71,6 +71,11 @@ std::uint32_t header_limit_of(const config::Limits& limits) {
 /// parser then reports the same error): the whole section is read before Beast parses it, so
 /// that it can be checked for obs-fold, which the parser would unfold out of sight.
 bool header_section_complete(const beast::flat_buffer& buffer, std::uint32_t header_limit) {
+  // The usual case, without a parser (which would build every field only to drop it): the
+  // empty line that ends the section is there, within the limit.
+  const std::string_view bytes(static_cast<const char*>(buffer.data().data()),
+                               std::min<std::size_t>(buffer.size(), header_limit));
+  if (bytes.find("\r\n\r\n") != std::string_view::npos) return true;
   bhttp::request_parser<bhttp::empty_body> probe;
   probe.header_limit(header_limit);
   boost::system::error_code ec;

@@ -56,9 +56,10 @@ struct UpstreamPool::Connection {
 
   std::string server;  ///< "host:port"
   Clock::time_point idle_deadline{};
-  /// While pooled (plain TCP): set by the read wait armed on the idle socket, cleared when the
+  /// While pooled (plain TCP): set by the read armed on the idle socket, cleared when the
   /// connection is taken; the wait's completion checks it through a weak pointer.
   std::shared_ptr<bool> idle_watch;
+  char idle_byte = 0;  ///< where the idle read puts a stray byte (the connection is then dropped)
   std::shared_ptr<asio::ssl::context> tls;  ///< set for a TLS upstream; outlives tls_stream
   std::optional<beast::tcp_stream> plain;   ///< exactly one of plain and tls_stream is set
   std::optional<TlsStream> tls_stream;
@@ -216,7 +217,7 @@ std::unique_ptr<UpstreamPool::Connection> UpstreamPool::take_idle(UpstreamState&
     auto connection = std::move(state.idle[i]);
     state.idle.erase(state.idle.begin() + static_cast<std::ptrdiff_t>(i));
     if (connection->idle_watch) {
-      // Plain TCP: the armed read wait would have dropped a closed connection already; stop it
+      // Plain TCP: the armed read would have dropped a closed connection already; stop it
       // (no syscall) and reuse the connection as it is.
       *connection->idle_watch = false;
       connection->idle_watch.reset();
@@ -239,15 +240,17 @@ void UpstreamPool::put_idle(UpstreamState& state, const config::Upstream& upstre
     state.idle.pop_front();
   }
   if (!connection->tls_stream) {
-    // An idle connection keeps a read wait armed: EOF, a reset or stray bytes from the upstream
+    // An idle connection keeps a read armed: EOF, a reset or stray bytes from the upstream
     // complete it and the connection leaves the pool at once, so taking one later costs no
-    // syscall to check it (C08 still retries one that closes as the request goes out).
+    // syscall to check it (C08 still retries one that closes as the request goes out). A read,
+    // not a readiness wait: Asio re-arms the descriptor (epoll_ctl) for every wait, while a read
+    // after the response's last read is queued on the registration the socket already has.
     auto watch = std::make_shared<bool>(true);
     connection->idle_watch = watch;
     Connection* const raw = connection.get();
-    raw->tcp().socket().async_wait(
-        tcp::socket::wait_read,
-        [&state, raw, weak = std::weak_ptr<bool>(watch)](const boost::system::error_code&) {
+    raw->tcp().socket().async_read_some(
+        asio::buffer(&raw->idle_byte, 1), [&state, raw, weak = std::weak_ptr<bool>(watch)](
+                                              const boost::system::error_code&, std::size_t) {
           const auto armed = weak.lock();
           if (!armed || !*armed) return;  // taken for a request, or already destroyed
           std::erase_if(state.idle, [raw](const auto& c) { return c.get() == raw; });

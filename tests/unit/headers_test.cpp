@@ -1,7 +1,10 @@
 // Hop-by-hop stripping, forwarding fields, list helpers and dates (SPEC C02, C08, C16).
 #define BOOST_TEST_MODULE headers
+#include <boost/beast/http/message.hpp>
+#include <boost/beast/http/write.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -157,4 +160,69 @@ BOOST_AUTO_TEST_CASE(spec_C03_chunk_extensions_follow_rfc_9112_grammar) {
            ";a=\"x\"y", ";a=b\n", ";a@=b"}) {
     BOOST_TEST(!http::valid_chunk_extensions(bad), bad);
   }
+}
+
+namespace {
+
+/// What Beast's serializer writes for `header` (its operator<< serializes the header).
+template <class Header>
+std::string serialized(const Header& header) {
+  std::ostringstream out;
+  out << header;
+  return out.str();
+}
+
+template <class Header>
+std::string rendered(const Header& header, std::size_t capacity = 4096) {
+  std::string out(capacity, '\0');
+  out.resize(http::render_head(header, out.data(), out.size()));
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_rendered_response_head_is_what_the_serializer_writes) {
+  namespace bhttp = boost::beast::http;
+  bhttp::response_header<> res;
+  res.version(11);
+  res.result(201);
+  res.insert("Content-Type", "application/json");
+  res.insert("X-Empty", "");
+  res.insert("Set-Cookie", "a=1");
+  res.insert("Set-Cookie", "b=2");
+  res.set(bhttp::field::content_length, "67");
+  BOOST_TEST(rendered(res) == serialized(res));
+  BOOST_TEST(rendered(res).starts_with("HTTP/1.1 201 Created\r\n"));
+  res.reason("Made");  // the upstream's own phrase is kept
+  res.version(10);
+  BOOST_TEST(rendered(res) == serialized(res));
+  BOOST_TEST(rendered(res).starts_with("HTTP/1.0 201 Made\r\n"));
+  res.reason("");
+  res.result(299);  // a status without a standard reason
+  BOOST_TEST(rendered(res) == serialized(res));
+}
+
+BOOST_AUTO_TEST_CASE(a_rendered_request_head_is_what_the_serializer_writes) {
+  namespace bhttp = boost::beast::http;
+  bhttp::request_header<> req;
+  req.method(bhttp::verb::post);
+  req.target("/pay?x=1");
+  req.version(11);
+  req.insert("Host", "api.example:8080");
+  req.insert("Content-Length", "2");
+  BOOST_TEST(rendered(req) == serialized(req));
+  req.method_string("PURGE");  // a method Beast does not know
+  BOOST_TEST(rendered(req) == serialized(req));
+  BOOST_TEST(rendered(req).starts_with("PURGE /pay?x=1 HTTP/1.1\r\n"));
+}
+
+BOOST_AUTO_TEST_CASE(a_head_that_does_not_fit_renders_nothing) {
+  namespace bhttp = boost::beast::http;
+  bhttp::response_header<> res;
+  res.result(200);
+  res.insert("X-Long", std::string(100, 'x'));
+  const std::size_t whole = serialized(res).size();
+  BOOST_TEST(rendered(res, whole) == serialized(res));
+  BOOST_TEST(rendered(res, whole - 1).empty());
+  BOOST_TEST(rendered(res, 0).empty());
 }
