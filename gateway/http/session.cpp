@@ -112,6 +112,19 @@ double to_ms(std::chrono::microseconds us) {
   return static_cast<double>(us.count()) / 1000.0;
 }
 
+/// When a request that began at `started` (steady clock) began on the wall clock, for its
+/// access line, and how long it has taken until now.
+struct RequestTimes {
+  std::chrono::system_clock::time_point started_wall;
+  std::chrono::microseconds total;
+};
+RequestTimes times_of(Clock::time_point started) {
+  const auto elapsed = Clock::now() - started;
+  return {std::chrono::system_clock::now() -
+              std::chrono::duration_cast<std::chrono::system_clock::duration>(elapsed),
+          std::chrono::duration_cast<std::chrono::microseconds>(elapsed)};
+}
+
 /// `request_id` ("" when the request has none) replaces any such field of the upstream's or the
 /// stored response: the field names this request (conf/REFERENCE.md, "request_id").
 void finalize_response(Response& res, unsigned version, bool keep_alive, bool head,
@@ -191,6 +204,9 @@ class BasicSession final : public Session {
   asio::awaitable<bool> read_held_body(beast::flat_buffer& buffer, HeldParser& parser,
                                        const config::Limits& limits,
                                        std::optional<Rejection>& reject);
+  /// Makes a request's fields what the upstream gets (C02): hop-by-hop fields and `Expect`
+  /// removed, a client's `Idempotent-Replayed` dropped, the forwarding fields added.
+  void prepare_forwarded(bhttp::fields& fields) const;
   /// Hands a routed, held request to the handler (hop-by-hop fields removed, forwarding fields
   /// added, framed by Content-Length). A handler that throws gets 500 logged and answered, and
   /// `keep_alive` false.
@@ -440,15 +456,20 @@ asio::awaitable<bool> BasicSession<Stream>::read_held_body(beast::flat_buffer& b
 }
 
 template <class Stream>
+void BasicSession<Stream>::prepare_forwarded(bhttp::fields& fields) const {
+  strip_hop_by_hop(fields);
+  fields.erase(bhttp::field::expect);
+  fields.erase("Idempotent-Replayed");
+  add_forwarding_fields(fields, client_ip_, kTls ? "https" : "http");
+}
+
+template <class Stream>
 asio::awaitable<HandlerResult> BasicSession<Stream>::dispatch(
     Request request, std::shared_ptr<const config::Config> config, const config::Route& route,
     const config::Upstream& upstream, Admission::Ticket in_flight, std::string_view method,
     std::string_view target, unsigned version, bool& keep_alive) {
   const bool framed = request.has_content_length() || request.chunked();
-  strip_hop_by_hop(request.base());
-  request.erase(bhttp::field::expect);
-  request.erase("Idempotent-Replayed");
-  add_forwarding_fields(request.base(), client_ip_, kTls ? "https" : "http");
+  prepare_forwarded(request.base());
   if (framed || !request.body().empty()) request.content_length(request.body().size());
   Exchange exchange{std::move(request), std::move(config), &route, &upstream, std::move(in_flight)};
   std::string failure;
@@ -518,11 +539,7 @@ asio::awaitable<bool> BasicSession<Stream>::write_answer(
 
 template <class Stream>
 void BasicSession<Stream>::log_done(const Done& done, Clock::time_point started) {
-  const auto now = Clock::now();
-  const auto total = std::chrono::duration_cast<std::chrono::microseconds>(now - started);
-  const auto started_wall =
-      std::chrono::system_clock::now() -
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(now - started);
+  const auto [started_wall, total] = times_of(started);
   const std::string_view route = done.route ? std::string_view(done.route->name) : "";
   log_access(started_wall, route, done.method, done.target, done.status, done.outcome,
              done.key_hash, to_ms(done.upstream_time), to_ms(total), client_ip_, done.written,
@@ -659,10 +676,7 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
       beast::iequals(header[bhttp::field::expect], "100-continue")) {
     if (!co_await send_continue(limits)) co_return false;
   }
-  strip_hop_by_hop(header);
-  header.erase(bhttp::field::expect);
-  header.erase("Idempotent-Replayed");
-  add_forwarding_fields(header, client_ip_, kTls ? "https" : "http");
+  prepare_forwarded(header);
 
   StreamRequestParser streamed{std::move(parser)};
   streamed.on_chunk_header(chunk_extension_check);  // RFC 9112 §7.1.1, C03
@@ -757,10 +771,7 @@ void BasicSession<Stream>::log_streamed(const RelayOutcome& outcome, const confi
     return;
   }
   // A tunnel's line carries what it moved (C40).
-  const auto now = Clock::now();
-  const auto total = std::chrono::duration_cast<std::chrono::microseconds>(now - started);
-  const auto started_wall = std::chrono::system_clock::now() -
-                            std::chrono::duration_cast<std::chrono::system_clock::duration>(total);
+  const auto [started_wall, total] = times_of(started);
   boost::json::object line{{"time", format_rfc3339(started_wall)},
                            {"route", route.name},
                            {"method", method},
