@@ -1,10 +1,15 @@
 #include "gateway/metrics.hpp"
 
+#include <prometheus/metric_family.h>
 #include <prometheus/text_serializer.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/this_coro.hpp>
+#include <limits>
+#include <mutex>
 #include <sstream>
+#include <vector>
 
 namespace idemgate {
 namespace asio = boost::asio;
@@ -12,15 +17,15 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-const prometheus::Histogram::BucketBoundaries& upstream_buckets() {
-  static const prometheus::Histogram::BucketBoundaries buckets{
-      0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+const std::vector<double>& upstream_buckets() {
+  static const std::vector<double> buckets{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                           1,     2.5,  5,     10,   30,  60};
   return buckets;
 }
 
-const prometheus::Histogram::BucketBoundaries& store_buckets() {
-  static const prometheus::Histogram::BucketBoundaries buckets{
-      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5};
+const std::vector<double>& store_buckets() {
+  static const std::vector<double> buckets{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                           0.05,   0.1,   0.25,   0.5,   1,    2.5};
   return buckets;
 }
 
@@ -43,13 +48,106 @@ T& find_or_make(ByName<T>& map, std::string_view key, Make make) {
 
 }  // namespace
 
-/// Children of the label-bearing families this thread has used: the addresses Family::Add
-/// returned (stable: a family keeps its children until it is destroyed, and none is removed).
+/// A counter or histogram family whose every child keeps one set of numbers per thread that
+/// used it (a shard). A shard has one writer, its thread, so an observation is relaxed loads and
+/// stores without a lock or a read-modify-write on a line the io threads share (prometheus-cpp's
+/// Histogram takes a mutex per Observe, its Counter a compare-and-swap loop). collect() adds the
+/// shards of each label set up, for the text exposition; shards live as long as the family.
+class Metrics::ShardedFamily {
+ public:
+  /// Numbers of one label set written by one thread. Histogram: a count per bucket (not
+  /// cumulative; the last one is +Inf) and the sum of the values. Counter: the sum only.
+  class Shard {
+   public:
+    explicit Shard(const std::vector<double>& bounds)
+        : bounds_(bounds),
+          counts_(std::make_unique<std::atomic<std::uint64_t>[]>(bounds.size() + 1)) {}
+
+    /// Histogram: one value (seconds); `value <= bound` counts in that bound's bucket.
+    void observe(double value) noexcept {
+      const auto bucket = static_cast<std::size_t>(
+          std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin());
+      bump(counts_[bucket], 1);
+      add(value);
+    }
+    /// Counter: one more.
+    void increment() noexcept { add(1.0); }
+
+   private:
+    friend class ShardedFamily;
+    static void bump(std::atomic<std::uint64_t>& n, std::uint64_t by) noexcept {
+      n.store(n.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+    }
+    void add(double value) noexcept {
+      sum_.store(sum_.load(std::memory_order_relaxed) + value, std::memory_order_relaxed);
+    }
+    const std::vector<double>& bounds_;
+    std::unique_ptr<std::atomic<std::uint64_t>[]> counts_;
+    std::atomic<double> sum_{0.0};
+  };
+
+  /// A histogram family with these bucket bounds (ascending), or a counter family (no bounds).
+  ShardedFamily(std::string name, std::string help, prometheus::MetricType type,
+                std::vector<double> bounds = {})
+      : name_(std::move(name)), help_(std::move(help)), type_(type), bounds_(std::move(bounds)) {}
+
+  /// A new shard of the label set `labels` for the calling thread, which keeps its address.
+  Shard& add(std::vector<prometheus::ClientMetric::Label> labels) {
+    std::lock_guard lock(mutex_);
+    auto& shards = children_[std::move(labels)];
+    shards.push_back(std::make_unique<Shard>(bounds_));
+    return *shards.back();
+  }
+
+  /// The family for the text serializer: per label set, the sums over its shards.
+  prometheus::MetricFamily collect() const {
+    prometheus::MetricFamily family{name_, help_, type_, {}};
+    std::lock_guard lock(mutex_);
+    for (const auto& [labels, shards] : children_) {
+      prometheus::ClientMetric metric;
+      metric.label = labels;
+      std::vector<std::uint64_t> counts(bounds_.size() + 1, 0);
+      double sum = 0.0;
+      for (const auto& shard : shards) {
+        for (std::size_t i = 0; i < counts.size(); ++i) {
+          counts[i] += shard->counts_[i].load(std::memory_order_relaxed);
+        }
+        sum += shard->sum_.load(std::memory_order_relaxed);
+      }
+      if (type_ == prometheus::MetricType::Counter) {
+        metric.counter.value = sum;
+      } else {
+        std::uint64_t cumulative = 0;
+        for (std::size_t i = 0; i < counts.size(); ++i) {
+          cumulative += counts[i];
+          metric.histogram.bucket.push_back(
+              {cumulative,
+               i < bounds_.size() ? bounds_[i] : std::numeric_limits<double>::infinity()});
+        }
+        metric.histogram.sample_count = cumulative;
+        metric.histogram.sample_sum = sum;
+      }
+      family.metric.push_back(std::move(metric));
+    }
+    return family;
+  }
+
+ private:
+  const std::string name_;
+  const std::string help_;
+  const prometheus::MetricType type_;
+  const std::vector<double> bounds_;
+  mutable std::mutex mutex_;
+  std::map<std::vector<prometheus::ClientMetric::Label>, std::vector<std::unique_ptr<Shard>>>
+      children_;
+};
+
+/// This thread's shards of the per-request families (each written by this thread only).
 struct Metrics::ThreadCache {
   std::uint64_t owner = 0;
-  ByName<ByName<prometheus::Counter*>> requests;  // route → outcome
-  ByName<prometheus::Histogram*> upstream;        // route
-  ByName<ByName<prometheus::Histogram*>> store;   // store → op
+  ByName<ByName<ShardedFamily::Shard*>> requests;  // route → outcome
+  ByName<ShardedFamily::Shard*> upstream;          // route
+  ByName<ByName<ShardedFamily::Shard*>> store;     // store → op
 };
 
 Metrics::ThreadCache& Metrics::thread_cache() {
@@ -64,18 +162,15 @@ Metrics::ThreadCache& Metrics::thread_cache() {
 
 Metrics::Metrics()
     : registry_(std::make_shared<prometheus::Registry>()),
-      requests_(prometheus::BuildCounter()
-                    .Name("idemgate_requests_total")
-                    .Help("Requests answered, by route and outcome (SPEC C31)")
-                    .Register(*registry_)),
-      upstream_duration_(prometheus::BuildHistogram()
-                             .Name("idemgate_upstream_duration_seconds")
-                             .Help("Duration of upstream exchanges, by route")
-                             .Register(*registry_)),
-      store_duration_(prometheus::BuildHistogram()
-                          .Name("idemgate_store_duration_seconds")
-                          .Help("Duration of store operations, by store and operation")
-                          .Register(*registry_)),
+      requests_(std::make_unique<ShardedFamily>(
+          "idemgate_requests_total", "Requests answered, by route and outcome (SPEC C31)",
+          prometheus::MetricType::Counter)),
+      upstream_duration_(std::make_unique<ShardedFamily>(
+          "idemgate_upstream_duration_seconds", "Duration of upstream exchanges, by route",
+          prometheus::MetricType::Histogram, upstream_buckets())),
+      store_duration_(std::make_unique<ShardedFamily>(
+          "idemgate_store_duration_seconds", "Duration of store operations, by store and operation",
+          prometheus::MetricType::Histogram, store_buckets())),
       lock_contention_(prometheus::BuildCounter()
                            .Name("idemgate_lock_contention_total")
                            .Help("Lock attempts that found the key held by another request")
@@ -162,29 +257,31 @@ Metrics::Metrics()
   store_failovers_.Add({{"store", "postgres"}});
 }
 
+Metrics::~Metrics() = default;
+
 void Metrics::count_request(std::string_view route, std::string_view outcome) {
-  auto* counter = find_or_make(
-      find_or_make(thread_cache().requests, route, [] { return ByName<prometheus::Counter*>{}; }),
+  auto* shard = find_or_make(
+      find_or_make(thread_cache().requests, route, [] { return ByName<ShardedFamily::Shard*>{}; }),
       outcome, [&] {
-        return &requests_.Add({{"route", std::string(route)}, {"outcome", std::string(outcome)}});
+        return &requests_->add({{"route", std::string(route)}, {"outcome", std::string(outcome)}});
       });
-  counter->Increment();
+  shard->increment();
 }
 
 void Metrics::observe_upstream(std::string_view route, std::chrono::microseconds duration) {
-  auto* histogram = find_or_make(thread_cache().upstream, route, [&] {
-    return &upstream_duration_.Add({{"route", std::string(route)}}, upstream_buckets());
+  auto* shard = find_or_make(thread_cache().upstream, route, [&] {
+    return &upstream_duration_->add({{"route", std::string(route)}});
   });
-  histogram->Observe(seconds(duration));
+  shard->observe(seconds(duration));
 }
 
 void Metrics::observe_store(const char* store, const char* op, std::chrono::nanoseconds duration) {
-  auto* histogram = find_or_make(
-      find_or_make(thread_cache().store, store, [] { return ByName<prometheus::Histogram*>{}; }),
-      op, [&] {
-        return &store_duration_.Add({{"store", store}, {"op", op}}, store_buckets());
+  auto* shard = find_or_make(
+      find_or_make(thread_cache().store, store, [] { return ByName<ShardedFamily::Shard*>{}; }), op,
+      [&] {
+        return &store_duration_->add({{"store", store}, {"op", op}});
       });
-  histogram->Observe(seconds(duration));
+  shard->observe(seconds(duration));
 }
 
 void Metrics::count_lock_contention() {
@@ -291,7 +388,11 @@ std::string Metrics::render() {
     pending_commits_.Add({}).Set(static_cast<double>(now.pending_commits));
   }
   std::ostringstream out;
-  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  auto families = registry_->Collect();
+  for (const auto* sharded : {requests_.get(), upstream_duration_.get(), store_duration_.get()}) {
+    families.push_back(sharded->collect());
+  }
+  prometheus::TextSerializer().Serialize(out, families);
   return out.str();
 }
 

@@ -5,7 +5,6 @@
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include <atomic>
@@ -56,12 +55,13 @@ namespace idemgate {
 ///
 /// @par Thread safety
 /// Every member is thread-safe (prometheus-cpp metrics are atomic; families lock to add a label
-/// set). The per-request observations (count_request, observe_upstream, observe_store) look a
-/// label set up in the family once per thread and keep the metric's address in a cache of that
-/// thread, so they never take the family's lock again for it (children are never removed).
+/// set). The per-request observations (count_request, observe_upstream, observe_store) write
+/// numbers of the calling thread's own (one writer each, relaxed atomics), found through a cache
+/// of that thread; render() adds the threads' numbers up. No lock is taken per observation.
 class Metrics {
  public:
   Metrics();
+  ~Metrics();
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
@@ -116,9 +116,12 @@ class Metrics {
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
-  prometheus::Family<prometheus::Counter>& requests_;
-  prometheus::Family<prometheus::Histogram>& upstream_duration_;
-  prometheus::Family<prometheus::Histogram>& store_duration_;
+  /// The per-request families keep their numbers per thread (metrics.cpp): an observation writes
+  /// only its thread's numbers, without a lock or a line shared with the other io threads.
+  class ShardedFamily;
+  std::unique_ptr<ShardedFamily> requests_;
+  std::unique_ptr<ShardedFamily> upstream_duration_;
+  std::unique_ptr<ShardedFamily> store_duration_;
   prometheus::Counter& lock_contention_;
   prometheus::Counter& duplicate_executions_;
   prometheus::Counter& commit_failures_;

@@ -156,6 +156,57 @@ BOOST_AUTO_TEST_CASE(observations_land_in_their_own_registry_from_any_thread) {
                           {{"route", "pay"}, {"outcome", "executed"}}) == 1.0);
 }
 
+BOOST_AUTO_TEST_CASE(a_scrape_during_observations_adds_the_threads_up_consistently) {
+  // Each thread writes numbers of its own; a render made meanwhile sums them. Every sample it
+  // shows must be a valid histogram (buckets cumulative, +Inf equal to _count) and no count
+  // may go down from one render to the next; after the threads end, the totals are exact.
+  Metrics metrics;
+  constexpr int kPerThread = 20000;
+  const auto observe = [&metrics] {
+    for (int i = 0; i < kPerThread; ++i) {
+      metrics.observe_store("redis", "renew", std::chrono::microseconds(i % 2 == 0 ? 200 : 3000));
+      metrics.count_request("pay", "executed");
+    }
+  };
+  std::thread first(observe);
+  std::thread second(observe);
+  const std::map<std::string, std::string> renew{{"store", "redis"}, {"op", "renew"}};
+  const auto bucket = [&renew](const std::string& text, const std::string& le) {
+    auto labels = renew;
+    labels["le"] = le;
+    return metric_value(text, "idemgate_store_duration_seconds_bucket", labels);
+  };
+  double last_count = 0;
+  double last_requests = 0;
+  for (int scrape = 0; scrape < 50; ++scrape) {
+    const std::string text = metrics.render();
+    const double count = metric_value(text, "idemgate_store_duration_seconds_count", renew);
+    if (count < 0) continue;  // no observation yet
+    BOOST_TEST(bucket(text, "+Inf") == count);
+    BOOST_TEST(bucket(text, "0.0005") <= bucket(text, "0.005"));
+    BOOST_TEST(bucket(text, "0.005") <= bucket(text, "+Inf"));
+    BOOST_TEST(count >= last_count);
+    last_count = count;
+    const double requests =
+        metric_value(text, "idemgate_requests_total", {{"route", "pay"}, {"outcome", "executed"}});
+    BOOST_TEST(requests >= last_requests);
+    last_requests = requests;
+  }
+  first.join();
+  second.join();
+  const std::string text = metrics.render();
+  BOOST_TEST(metric_value(text, "idemgate_store_duration_seconds_count", renew) ==
+             2.0 * kPerThread);
+  BOOST_TEST(bucket(text, "0.0005") == 1.0 * kPerThread);  // the 200 µs half
+  BOOST_TEST(bucket(text, "0.0025") == 1.0 * kPerThread);
+  BOOST_TEST(bucket(text, "0.005") == 2.0 * kPerThread);  // and the 3 ms half
+  BOOST_TEST(metric_value(text, "idemgate_store_duration_seconds_sum", renew) ==
+                 kPerThread * (0.0002 + 0.003),
+             boost::test_tools::tolerance(1e-9));
+  BOOST_TEST(metric_value(text, "idemgate_requests_total",
+                          {{"route", "pay"}, {"outcome", "executed"}}) == 2.0 * kPerThread);
+}
+
 BOOST_AUTO_TEST_CASE(in_flight_locks_rise_on_acquire_and_fall_on_release_or_loss) {
   asio::io_context io;
   Metrics metrics;
