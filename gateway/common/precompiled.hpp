@@ -19,6 +19,7 @@
 #include <variant>
 #include <vector>
 
+#include <spdlog/spdlog.h>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -42,4 +43,3 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 #include <boost/system/result.hpp>
-#include <spdlog/spdlog.h>
