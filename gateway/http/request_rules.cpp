@@ -84,7 +84,10 @@ std::optional<Rejection> to_origin_form(bhttp::request_header<>& header) {
   const std::string_view target(header.target().data(), header.target().size());
   if (target.empty() || target.front() == '/' || target == "*") return std::nullopt;
   auto url = boost::urls::parse_absolute_uri(target);
-  if (!url || !url->has_authority() || url->encoded_host().empty()) {
+  // Boost.URL 1.81 reads `http://a:b/x` as authority `a:` and path `b/x`; RFC 3986 §3.3 says a
+  // path after an authority is empty or starts with '/', so anything else is not a valid URI.
+  if (!url || !url->has_authority() || url->encoded_host().empty() ||
+      !(url->encoded_path().empty() || url->encoded_path().starts_with('/'))) {
     return Rejection{Problem::bad_request,
                      "the request target is neither origin-form nor a valid absolute URI"};
   }

@@ -102,6 +102,14 @@ BOOST_AUTO_TEST_CASE(spec_C03_absolute_form_routes_by_its_authority_in_origin_fo
   BOOST_TEST(no_authority->detail ==
              "the request target is neither origin-form nor a valid absolute URI");
   BOOST_TEST(!check("OPTIONS * HTTP/1.1\r\nHost: a\r\n\r\n"));
+
+  // A port that is not digits is not a port: the rest is no path either (RFC 3986 §3.2.3, §3.3).
+  for (const auto* target : {"http://pay.example::ect?x", "http://pay.example:b/x"}) {
+    const auto bad_port = check(std::string("GET ") + target + " HTTP/1.1\r\nHost: a\r\n\r\n");
+    BOOST_REQUIRE(bad_port);
+    BOOST_TEST(bad_port->detail ==
+               "the request target is neither origin-form nor a valid absolute URI");
+  }
 }
 
 BOOST_AUTO_TEST_CASE(spec_C03_obs_fold_is_found_in_the_header_section_only) {
