@@ -12,7 +12,7 @@ RUN cmake --preset release && cmake --build --preset release -j"$(nproc)" --targ
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends \
       libboost-json1.81.0 libboost-program-options1.81.0 libboost-url1.81.0 \
-      libhiredis0.14 libpq5 libssl3 libyaml-cpp0.7 libspdlog1.10 libfmt9 libprometheus-cpp-core1.0 \
+      libhiredis0.14 libpq5 libssl3 libyaml-cpp0.7 libspdlog1.10 libfmt9 libprometheus-cpp-core1.0 libnghttp2-14 \
       curl ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --no-create-home --uid 10001 idemgate

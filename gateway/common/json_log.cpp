@@ -383,7 +383,7 @@ void log_access(std::chrono::system_clock::time_point time, std::string_view rou
                 std::string_view method, std::string_view target, unsigned status,
                 std::string_view outcome, std::string_view key_hash, double upstream_ms,
                 double total_ms, std::string_view client, bool written, std::string_view request_id,
-                std::string_view trace_id, std::string_view ended) {
+                std::string_view trace_id, std::string_view ended, std::string_view protocol) {
   auto* logger = spdlog::default_logger_raw();
   if (!logger->should_log(spdlog::level::info)) return;
   auto& line = render_buffer();
@@ -415,6 +415,10 @@ void log_access(std::chrono::system_clock::time_point time, std::string_view rou
   if (!ended.empty()) {
     append_key(line, "ended");
     append_string(line, ended);
+  }
+  if (!protocol.empty()) {
+    append_key(line, "protocol");
+    append_string(line, protocol);
   }
   line.push_back('}');
   access_line = true;

@@ -26,13 +26,15 @@ void log_json(spdlog::level::level_enum level, std::string_view msg,
 /// through a boost::json::object. `request_id` is the request's id ("" when it has none),
 /// `trace_id` the trace id of its valid `traceparent` ("" when none; conf/REFERENCE.md).
 /// `ended`, when not empty, is added last as the field `ended`: how an exchange that did not run
-/// to its end ended (`client_closed`, SPEC C48).
+/// to its end ended (`client_closed`, SPEC C48). `protocol`, when not empty, is added after it as
+/// the field `protocol` (`h2` for a request that came as an HTTP/2 stream, SPEC C49).
 /// Thread safety: as log_json.
 void log_access(std::chrono::system_clock::time_point time, std::string_view route,
                 std::string_view method, std::string_view target, unsigned status,
                 std::string_view outcome, std::string_view key_hash, double upstream_ms,
                 double total_ms, std::string_view client, bool written, std::string_view request_id,
-                std::string_view trace_id, std::string_view ended = {});
+                std::string_view trace_id, std::string_view ended = {},
+                std::string_view protocol = {});
 
 /// A logger that writes JSON lines (make_json_formatter) to `fd` (stderr; a test's pipe) without
 /// making the logging thread wait for it: each thread appends its lines to a buffer of its own

@@ -27,6 +27,9 @@ struct Listen {
   /// TLS files (PEM); both empty means plain HTTP.
   std::string tls_cert;
   std::string tls_key;
+  /// HTTP/2 with prior knowledge on a cleartext listener (SPEC C49): a connection that starts
+  /// with the client preface is served as HTTP/2, any other as HTTP/1.1.
+  bool h2c = true;
 };
 
 /// `limits:` — client-side limits (SPEC C04, C07).
@@ -43,6 +46,9 @@ struct Limits {
   std::size_t max_streamed_body = 0;
   /// A tunnel (SPEC C40) in which no byte moved either way for this long is closed.
   Duration tunnel_idle_timeout = std::chrono::minutes(5);
+  /// Streams an HTTP/2 client may have open at once on one connection (SPEC C50); more are
+  /// refused with REFUSED_STREAM.
+  std::size_t h2_max_concurrent_streams = 100;
   /// Client connections open at once, over all io threads (SPEC C52); at the limit the gateway
   /// stops accepting until one closes. 0: derived at start from RLIMIT_NOFILE
   /// (gateway/descriptor_budget.hpp). Read at start only, like the listener.

@@ -71,6 +71,10 @@ KeyTable<Listen> listener_keys(const Listen& defaults, bool is_admin) {
     table.push_back(custom_key<Listen>("tls.key", "file (PEM)", "none",
                                        "required when `tls` is present", "",
                                        "`cert` and `key` go together (both or neither)"));
+    table.push_back(boolean_key("h2c", &Listen::h2c, defaults, "C49",
+                                "a cleartext connection that starts with the HTTP/2 client "
+                                "preface is served as HTTP/2 (prior knowledge); `Upgrade: h2c` "
+                                "is never honoured"));
   }
   return table;
 }
@@ -120,6 +124,11 @@ const KeyTable<Limits>& limits_keys() {
       integer_key("max_tunnels", &Limits::max_tunnels, d, 0, 1'000'000, "C52",
                   "tunnels open at once; an upgrade past it → 503 `overloaded` with "
                   "`Retry-After`, nothing forwarded; 0 = no upgrades"),
+      integer_key("h2_max_concurrent_streams", &Limits::h2_max_concurrent_streams, d, 1, 10'000,
+                  "C50",
+                  "streams an HTTP/2 client may have open at once on one connection "
+                  "(advertised in SETTINGS); more are refused with `REFUSED_STREAM`, never "
+                  "queued"),
   };
   return table;
 }
@@ -145,6 +154,9 @@ void read_listen(Loader& loader, const Field& f, Listen& out, bool is_admin) {
     if (auto p = m.get("port")) out.port = loader.port(*p, true);
   } else {
     out.port = loader.port(m.require("port"), true);
+  }
+  if (!is_admin) {
+    if (auto h2c = m.get("h2c")) out.h2c = loader.boolean(*h2c);
   }
   if (auto t = m.get("tls")) {
     const Map tls(loader, *t, names_of(table, "tls"));

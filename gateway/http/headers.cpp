@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gateway/common/http_date.hpp"
 #include "gateway/common/ows.hpp"
 
 namespace idemgate::http {
@@ -114,6 +115,22 @@ std::optional<std::chrono::seconds> keep_alive_timeout(const Fields& fields) {
 
 bool status_has_body(unsigned status) {
   return !(status / 100 == 1 || status == 204 || status == 304);
+}
+
+void finalize_answer(boost::beast::http::response<boost::beast::http::string_body>& res, bool head,
+                     std::string_view id_field, std::string_view request_id) {
+  strip_hop_by_hop(res.base());
+  if (!request_id.empty()) res.set(id_field, request_id);
+  res.set(boost::beast::http::field::date, common::http_date_now());
+  append_to_list(res.base(), "Via", kViaEntry);
+  if (!status_has_body(res.result_int())) {
+    res.body().clear();
+    res.erase(boost::beast::http::field::content_length);
+  } else if (head) {
+    res.body().clear();  // the Content-Length describes what a GET would have returned
+  } else {
+    res.content_length(res.body().size());
+  }
 }
 
 bool valid_chunk_extensions(std::string_view ext) {

@@ -4,6 +4,7 @@
 
 #include <boost/beast/http/fields.hpp>
 #include <boost/beast/http/message.hpp>
+#include <boost/beast/http/string_body.hpp>
 #include <chrono>
 #include <cstddef>
 #include <optional>
@@ -55,6 +56,14 @@ bool status_has_body(unsigned status);
 /// value, a bare LF, NUL or DEL included; a front proxy reading such an LF as a line end would
 /// frame the body differently (SPEC C03), so the gateway checks the whole grammar itself.
 bool valid_chunk_extensions(std::string_view extensions);
+
+/// Makes a held answer's fields what the client gets, over HTTP/1.1 and HTTP/2 alike: hop-by-hop
+/// fields removed (C02), `request_id` (when not empty) set as the field `id_field` (C32), a fresh
+/// `Date`, `Via` appended, and its framing (C03, C16): neither body nor Content-Length for 1xx,
+/// 204 and 304; for a HEAD the handler's Content-Length without the body; otherwise the body's
+/// Content-Length.
+void finalize_answer(boost::beast::http::response<boost::beast::http::string_body>& res, bool head,
+                     std::string_view id_field, std::string_view request_id);
 
 /// Writes the bytes HTTP/1.1 puts on the wire for `header` (RFC 9112 §2.1) into [out, out +
 /// capacity): the status line (the reason phrase as received, else the status's standard one),

@@ -617,6 +617,27 @@ asio::awaitable<TailOutcome> send_tail(ByteStream client, const bhttp::response_
   co_return out;
 }
 
+asio::awaitable<error_code> read_tail_piece(ResponseTail& tail, char* data, std::size_t size,
+                                            std::size_t& got, bool& done) {
+  got = 0;
+  done = false;
+  error_code ec;
+  if (!tail.prefix.empty()) {
+    got = std::min(size, tail.prefix.size());
+    std::copy_n(tail.prefix.data(), got, data);
+    tail.prefix.erase(0, got);
+  } else if (!tail.parser->is_done()) {
+    ec = co_await read_body_piece(tail.stream(), tail.buffer, *tail.parser, data, size,
+                                  tail.idle_timeout());
+    got = ec ? 0 : size - tail.parser->get().body().size;
+  }
+  if (!ec && tail.prefix.empty() && tail.parser->is_done()) {
+    done = true;
+    tail.finish();
+  }
+  co_return ec;
+}
+
 asio::awaitable<RelayOutcome> relay(RelayRequest in) {
   using namespace asio::experimental::awaitable_operators;
   // The session holds the configuration snapshot these point into until the relay returns.

@@ -133,4 +133,12 @@ boost::asio::awaitable<TailOutcome> send_tail(ByteStream client,
                                               const boost::beast::http::response_header<>& header,
                                               ResponseTail& tail, const config::Limits& limits);
 
+/// The next bytes of `tail`'s body (SPEC C39) into [data, data + size) for a sender of its own
+/// (an HTTP/2 stream): the bytes read already first, then one read from the upstream within its
+/// `idle_timeout`. `got` is how many bytes were stored; `done` is set once the body has ended,
+/// and the upstream connection then goes back to the pool. A failed read returns its error.
+boost::asio::awaitable<boost::system::error_code> read_tail_piece(ResponseTail& tail, char* data,
+                                                                  std::size_t size,
+                                                                  std::size_t& got, bool& done);
+
 }  // namespace idemgate::http

@@ -30,7 +30,9 @@
 #include "gateway/common/json_log.hpp"
 #include "gateway/common/log_on_exception.hpp"
 #include "gateway/common/use_nothrow.hpp"
+#include "gateway/http/answer.hpp"
 #include "gateway/http/body_reader.hpp"
+#include "gateway/http/h2_session.hpp"
 #include "gateway/http/header_deadlines.hpp"
 #include "gateway/http/headers.hpp"
 #include "gateway/http/problem.hpp"
@@ -97,17 +99,6 @@ constexpr auto kLingerTime = std::chrono::seconds(2);
 constexpr std::size_t kLingerMaxBytes = 1024 * 1024;
 
 /// The 503 of a request shed by a limit of SPEC §7 (C52, C53): `detail` names the limit.
-Response shed_response(std::string detail, unsigned version, bool keep_alive) {
-  Response res = make_problem(Problem::overloaded, std::move(detail), version, keep_alive);
-  res.set(bhttp::field::retry_after, "1");
-  return res;
-}
-
-std::string route_full_detail(const config::Route& route) {
-  return "route " + route.name + " has " + std::to_string(route.max_in_flight) +
-         " requests in progress (max_in_flight); nothing was forwarded, retry later";
-}
-
 double to_ms(std::chrono::microseconds us) {
   return static_cast<double>(us.count()) / 1000.0;
 }
@@ -129,19 +120,8 @@ RequestTimes times_of(Clock::time_point started) {
 /// stored response: the field names this request (conf/REFERENCE.md, "request_id").
 void finalize_response(Response& res, unsigned version, bool keep_alive, bool head,
                        const config::RequestId& ids, std::string_view request_id) {
-  strip_hop_by_hop(res.base());
-  if (!request_id.empty()) res.set(ids.header, request_id);
+  finalize_answer(res, head, ids.header, request_id);
   res.version(version);
-  res.set(bhttp::field::date, common::http_date_now());
-  append_to_list(res.base(), "Via", kViaEntry);
-  if (!status_has_body(res.result_int())) {
-    res.body().clear();
-    res.erase(bhttp::field::content_length);
-  } else if (head) {
-    res.body().clear();  // the Content-Length describes what a GET would have returned
-  } else {
-    res.content_length(res.body().size());
-  }
   res.keep_alive(keep_alive);
 }
 
@@ -204,16 +184,6 @@ class BasicSession final : public Session {
   asio::awaitable<bool> read_held_body(beast::flat_buffer& buffer, HeldParser& parser,
                                        const config::Limits& limits,
                                        std::optional<Rejection>& reject);
-  /// Makes a request's fields what the upstream gets (C02): hop-by-hop fields and `Expect`
-  /// removed, a client's `Idempotent-Replayed` dropped, the forwarding fields added.
-  void prepare_forwarded(bhttp::fields& fields) const;
-  /// Hands a routed, held request to the handler (hop-by-hop fields removed, forwarding fields
-  /// added, framed by Content-Length). A handler that throws gets 500 logged and answered, and
-  /// `keep_alive` false.
-  asio::awaitable<HandlerResult> dispatch(
-      Request request, std::shared_ptr<const config::Config> config, const config::Route& route,
-      const config::Upstream& upstream, Admission::Ticket in_flight, std::string_view method,
-      std::string_view target, unsigned version, bool& keep_alive);
   /// The finaliser of answers the session writes (the handler's, and the gateway's own):
   /// the route's fields (C57), hop-by-hop fields removed, Date, Via, the request id, framing;
   /// then written, each write within idle_timeout (C07), or its tail streamed (C39). True when
@@ -232,6 +202,9 @@ class BasicSession final : public Session {
   void log_streamed(const RelayOutcome& outcome, const config::Route& route,
                     std::string_view method, std::string_view target, Clock::time_point started);
   asio::awaitable<void> lingering_close();
+  /// Whether a new cleartext connection whose first bytes `buffer` holds starts with the HTTP/2
+  /// client preface (SPEC C49), reading more while they are a beginning of it.
+  asio::awaitable<bool> starts_h2(beast::flat_buffer& buffer);
   /// Sets request_id_ and trace_id_ for the request whose header is `fields` (nullptr: the
   /// header could not be parsed) and makes its id field agree (apply_request_id).
   void take_ids(bhttp::fields* fields, const config::RequestId& ids);
@@ -245,6 +218,8 @@ class BasicSession final : public Session {
   /// The current request's id and trace id ("" when none); their capacity is reused.
   std::string request_id_;
   std::string trace_id_;
+  /// Set while the connection speaks HTTP/2 (C49).
+  std::unique_ptr<H2Connection> h2_;
 };
 
 template <class Stream>
@@ -268,6 +243,10 @@ BasicSession<Stream>::~BasicSession() {
 
 template <class Stream>
 void BasicSession<Stream>::drain() {
+  if (h2_) {
+    h2_->drain();
+    return;
+  }
   close_after_response_ = true;
   if (state_ == State::idle) {
     // Cancelled, not closed: a read that already completed with a request's bytes (its handler
@@ -281,6 +260,7 @@ void BasicSession<Stream>::drain() {
 
 template <class Stream>
 void BasicSession<Stream>::close() {
+  if (h2_) h2_->close();
   lowest().close();
 }
 
@@ -312,6 +292,16 @@ asio::awaitable<void> BasicSession<Stream>::run() {
       if (ec) break;
       buffer.commit(n);
     }
+    bool h2 = false;
+    if constexpr (!kTls) {
+      // (co_await kept out of a condition: GCC 12 fails on it there.)
+      if (first && context_->config()->listen.h2c) h2 = co_await starts_h2(buffer);
+    }
+    if (h2) {
+      h2_ = std::make_unique<H2Connection>(lowest(), context_, client_ip_, "http");
+      co_await h2_->run(buffer);
+      break;
+    }
     first = false;
     state_ = State::busy;
     // The snapshot current when the request begins (a reload applies to new requests).
@@ -331,6 +321,25 @@ asio::awaitable<void> BasicSession<Stream>::run() {
     }
   }
   lowest().close();
+}
+
+template <class Stream>
+asio::awaitable<bool> BasicSession<Stream>::starts_h2(beast::flat_buffer& buffer) {
+  // Within the deadline of the first byte (header_read_timeout), already set.
+  for (;;) {
+    const std::string_view seen(static_cast<const char*>(buffer.data().data()), buffer.size());
+    switch (match_h2_preface(seen)) {
+      case PrefaceMatch::http1:
+        co_return false;
+      case PrefaceMatch::h2:
+        co_return true;
+      case PrefaceMatch::more:
+        break;
+    }
+    auto [ec, n] = co_await stream_.async_read_some(read_room(buffer), use_nothrow);
+    if (ec) co_return false;  // the HTTP/1.1 path ends the connection
+    buffer.commit(n);
+  }
 }
 
 template <class Stream>
@@ -453,45 +462,6 @@ asio::awaitable<bool> BasicSession<Stream>::read_held_body(beast::flat_buffer& b
   }
   if (header) parser.get().base() = std::move(*header);
   co_return true;
-}
-
-template <class Stream>
-void BasicSession<Stream>::prepare_forwarded(bhttp::fields& fields) const {
-  strip_hop_by_hop(fields);
-  fields.erase(bhttp::field::expect);
-  fields.erase("Idempotent-Replayed");
-  add_forwarding_fields(fields, client_ip_, kTls ? "https" : "http");
-}
-
-template <class Stream>
-asio::awaitable<HandlerResult> BasicSession<Stream>::dispatch(
-    Request request, std::shared_ptr<const config::Config> config, const config::Route& route,
-    const config::Upstream& upstream, Admission::Ticket in_flight, std::string_view method,
-    std::string_view target, unsigned version, bool& keep_alive) {
-  const bool framed = request.has_content_length() || request.chunked();
-  prepare_forwarded(request.base());
-  if (framed || !request.body().empty()) request.content_length(request.body().size());
-  Exchange exchange{std::move(request), std::move(config), &route, &upstream, std::move(in_flight)};
-  std::string failure;
-  try {
-    co_return co_await context_->handler->handle(std::move(exchange));
-  } catch (const std::exception& e) {
-    failure = e.what();
-  } catch (...) {
-    failure = "unknown exception";
-  }
-  log_json(spdlog::level::err, "handler failed",
-           {{"route", route.name},
-            {"method", method},
-            {"target", target},
-            {"error", failure},
-            {"request_id", request_id_}});
-  keep_alive = false;
-  HandlerResult result;
-  result.response = make_problem(Problem::internal_error,
-                                 "the gateway failed while handling the request", version, false);
-  result.outcome = "internal_error";
-  co_return result;
 }
 
 template <class Stream>
@@ -628,25 +598,13 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(beast::flat_buffer& buffer
       keep_alive = false;
       reject_pending_input_ = true;
     }
-    if (shed) {
-      result.response = shed_response(route_full_detail(*route), version, keep_alive);
-      result.outcome = "shed";
-    } else if (!route) {
-      result.response =
-          make_problem(Problem::route_not_found,
-                       "no route matches " + method + " " + std::string(target_path(target)),
-                       version, keep_alive);
-      result.outcome = "no_route";
-    } else if (upstream == config->upstreams.end()) {
-      result.response =
-          make_problem(Problem::internal_error,
-                       "route " + route->name + " names an unknown upstream", version, keep_alive);
-      result.outcome = "internal_error";
-    } else {
-      result = co_await dispatch(std::move(request), config, *route, upstream->second,
-                                 std::move(in_flight), method, target, version, keep_alive);
-      keep_alive = keep_alive && !close_after_response_ && !context_->draining;
-    }
+    const bool handled = !shed && route && upstream != config->upstreams.end();
+    // A named argument: GCC 12 destroys a braced temporary in a co_await expression twice.
+    RoutedRequest routed{std::move(request),      config,     route,
+                         std::move(in_flight),    shed,       client_ip_,
+                         kTls ? "https" : "http", request_id_};
+    result = co_await answer_routed(*context_->handler, std::move(routed), version, keep_alive);
+    if (handled) keep_alive = keep_alive && !close_after_response_ && !context_->draining;
   }
   const bool written =
       co_await write_answer(result, route, origin, *config, version, head, keep_alive);
@@ -676,7 +634,7 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
       beast::iequals(header[bhttp::field::expect], "100-continue")) {
     if (!co_await send_continue(limits)) co_return false;
   }
-  prepare_forwarded(header);
+  prepare_forwarded(header, client_ip_, kTls ? "https" : "http");
 
   StreamRequestParser streamed{std::move(parser)};
   streamed.on_chunk_header(chunk_extension_check);  // RFC 9112 §7.1.1, C03

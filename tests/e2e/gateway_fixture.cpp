@@ -178,12 +178,19 @@ TempDir::~TempDir() {
 
 CliResult run_keys(const std::string& config_path, const std::filesystem::path& dir,
                    std::vector<std::string> args) {
+  std::vector<std::string> full = {"keys"};
+  full.insert(full.end(), args.begin(), args.end());
+  full.insert(full.begin() + 2, {"--config", config_path});
+  return run_program(require_env("IDEMGATE_BINARY_DIR") + "/gateway/idemgate", std::move(full),
+                     dir);
+}
+
+CliResult run_program(const std::string& executable, std::vector<std::string> args,
+                      const std::filesystem::path& dir) {
   ChildOptions o;
-  o.executable = require_env("IDEMGATE_BINARY_DIR") + "/gateway/idemgate";
-  o.args = {"keys"};
-  o.args.insert(o.args.end(), args.begin(), args.end());
-  o.args.insert(o.args.begin() + 2, {"--config", config_path});
-  const std::string name = unique_name("keys");
+  o.executable = executable;
+  o.args = std::move(args);
+  const std::string name = unique_name("run");
   o.stdout_path = (dir / (name + ".out")).string();
   o.stderr_path = (dir / (name + ".err")).string();
   ChildProcess child(o);
@@ -664,6 +671,10 @@ std::unique_ptr<HttpConnection> Gateway::connect(int instance) const {
 
 int Gateway::stop(int instance) {
   return children_.at(instance)->stop();
+}
+
+std::optional<int> Gateway::wait_for_exit(std::chrono::milliseconds timeout, int instance) {
+  return children_.at(instance)->wait_for(timeout);
 }
 
 void Gateway::signal(int signo, int instance) {

@@ -340,6 +340,9 @@ class Gateway {
   int stop(int instance = 0);
   /// Sends `signo` to `instance` (e.g. SIGKILL: a gateway that dies mid-request, SPEC C23).
   void signal(int signo, int instance = 0);
+  /// Waits up to `timeout` for `instance` to exit on its own (after a SIGTERM's drain); its exit
+  /// status, or nullopt while it still runs.
+  std::optional<int> wait_for_exit(std::chrono::milliseconds timeout, int instance = 0);
 
  private:
   TempDir dir_;
@@ -355,6 +358,11 @@ struct CliResult {
   std::string out;
   std::string err;
 };
+
+/// Runs `executable` with `args` (no PATH search), its output in files under `dir`, and waits
+/// for it (kEventDeadline at most): a real client (curl, nghttp) or the gateway as a CLI.
+CliResult run_program(const std::string& executable, std::vector<std::string> args,
+                      const std::filesystem::path& dir);
 
 /// Runs `idemgate keys ACTION --config CONFIG REST…` (`args` is ACTION followed by REST), its
 /// output in files under `dir`, and waits for it (kEventDeadline at most).

@@ -403,6 +403,21 @@ BOOST_AUTO_TEST_CASE(spec_C38_C40_streaming_limits_have_defaults_and_ranges) {
              "t.yaml:12: limits.max_streamed_body: must be between 1B and 1024GiB, got 0B");
 }
 
+BOOST_AUTO_TEST_CASE(spec_C49_C50_http2_keys_have_defaults_and_ranges) {
+  const auto d = load(kBase);
+  BOOST_TEST(d->listen.h2c);
+  BOOST_TEST(d->limits.h2_max_concurrent_streams == 100u);
+  std::string off = kBase;
+  off.replace(off.find("port: 0 }"), 9, "port: 0, h2c: false }");
+  const auto c = load(off + "limits: { h2_max_concurrent_streams: 8 }\n");
+  BOOST_TEST(!c->listen.h2c);
+  BOOST_TEST(c->limits.h2_max_concurrent_streams == 8u);
+  BOOST_TEST(error_of(kBase + "limits: { h2_max_concurrent_streams: 0 }\n") ==
+             "t.yaml:12: limits.h2_max_concurrent_streams: must be between 1 and 10000, got 0");
+  BOOST_TEST(error_of(kBase + "admin: { port: 0, h2c: true }\n").find("admin.h2c") !=
+             std::string::npos);
+}
+
 BOOST_AUTO_TEST_CASE(request_id_defaults_to_a_generated_x_request_id) {
   const auto d = load(kBase);
   BOOST_TEST(d->request_id.header == "X-Request-Id");

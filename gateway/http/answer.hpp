@@ -1,0 +1,47 @@
+#pragma once
+// The answer to a routed, held request, whatever protocol brought it (HTTP/1.1 or an HTTP/2
+// stream): the gateway's own refusals after routing, or the handler's answer (SPEC C01, C02,
+// C53).
+
+#include <boost/asio/awaitable.hpp>
+#include <memory>
+#include <string_view>
+
+#include "gateway/config/config.hpp"
+#include "gateway/http/admission.hpp"
+#include "gateway/http/handler.hpp"
+
+namespace idemgate::http {
+
+/// Makes a request's fields what the upstream gets (C02): hop-by-hop fields and `Expect`
+/// removed, a client's `Idempotent-Replayed` dropped, the forwarding fields added with
+/// `client_ip` and `proto` (`http` or `https`).
+void prepare_forwarded(boost::beast::http::fields& fields, std::string_view client_ip,
+                       std::string_view proto);
+
+/// 503 `overloaded` with `Retry-After: 1` (SPEC C52, C53).
+Response shed_response(std::string detail, unsigned version, bool keep_alive);
+/// The detail of a 503 for a route at its `max_in_flight` (C53).
+std::string route_full_detail(const config::Route& route);
+
+/// A request whose header and body are read and checked, routed (or not) under `config`.
+struct RoutedRequest {
+  Request request;  ///< as the client sent it (fields are prepared here)
+  std::shared_ptr<const config::Config> config;
+  const config::Route* route = nullptr;  ///< null: no route matched
+  Admission::Ticket in_flight;           ///< the request's place in max_in_flight (C53)
+  bool shed = false;                     ///< the route was at max_in_flight
+  std::string_view client_ip;
+  std::string_view proto;       ///< `http` or `https`, for X-Forwarded-Proto
+  std::string_view request_id;  ///< for the log line of a handler that failed
+};
+
+/// What the gateway answers `in`: 503 when shed, 404 `route-not-found` when no route matched,
+/// 500 when the route names an unknown upstream, otherwise the handler's answer to the request
+/// with its fields prepared (prepare_forwarded) and framed by Content-Length. A handler that
+/// throws is logged and answered 500 (outcome `internal_error`), and `keep_alive` becomes
+/// false. `version` and `keep_alive` are those of the answer the client is to get.
+boost::asio::awaitable<HandlerResult> answer_routed(RequestHandler& handler, RoutedRequest in,
+                                                    unsigned version, bool& keep_alive);
+
+}  // namespace idemgate::http
