@@ -27,6 +27,10 @@ struct Listen {
   /// TLS files (PEM); both empty means plain HTTP.
   std::string tls_cert;
   std::string tls_key;
+  /// The protocols offered by ALPN on a TLS listener, in the gateway's order of preference
+  /// (SPEC C49): "h2" and/or "http/1.1". A client that offers none of them, or no ALPN at all,
+  /// speaks HTTP/1.1.
+  std::vector<std::string> tls_alpn = {"h2", "http/1.1"};
   /// HTTP/2 with prior knowledge on a cleartext listener (SPEC C49): a connection that starts
   /// with the client preface is served as HTTP/2, any other as HTTP/1.1.
   bool h2c = true;

@@ -1,5 +1,6 @@
 // The top level and its small sections: `listen`, `admin`, `threads`, `limits`, `request_id`.
 
+#include <algorithm>
 #include <string_view>
 
 #include "gateway/config/loader.hpp"
@@ -71,6 +72,10 @@ KeyTable<Listen> listener_keys(const Listen& defaults, bool is_admin) {
     table.push_back(custom_key<Listen>("tls.key", "file (PEM)", "none",
                                        "required when `tls` is present", "",
                                        "`cert` and `key` go together (both or neither)"));
+    table.push_back(custom_key<Listen>(
+        "tls.alpn", "list of `h2`, `http/1.1`", "`[h2, http/1.1]`", "not empty, no repeats", "C49",
+        "protocols offered by ALPN, preferred first; a client that offers none of them (or no "
+        "ALPN) speaks HTTP/1.1"));
     table.push_back(boolean_key("h2c", &Listen::h2c, defaults, "C49",
                                 "a cleartext connection that starts with the HTTP/2 client "
                                 "preface is served as HTTP/2 (prior knowledge); `Upgrade: h2c` "
@@ -162,6 +167,18 @@ void read_listen(Loader& loader, const Field& f, Listen& out, bool is_admin) {
     const Map tls(loader, *t, names_of(table, "tls"));
     out.tls_cert = loader.readable_file(tls.require("cert"));
     out.tls_key = loader.readable_file(tls.require("key"));
+    if (auto alpn = tls.get("alpn")) {
+      out.tls_alpn.clear();
+      const auto items = loader.sequence(*alpn);
+      if (items.empty()) loader.fail(*alpn, "must not be empty");
+      for (const Field& item : items) {
+        auto protocol = loader.choice<std::string>(item, {{"h2", "h2"}, {"http/1.1", "http/1.1"}});
+        if (std::find(out.tls_alpn.begin(), out.tls_alpn.end(), protocol) != out.tls_alpn.end()) {
+          loader.fail(item, "duplicate protocol " + in_quotes(protocol));
+        }
+        out.tls_alpn.push_back(std::move(protocol));
+      }
+    }
   }
 }
 

@@ -99,7 +99,7 @@ nghttp2_nv make_nv(const std::string& name, std::string_view value) {
 }  // namespace
 
 struct H2Connection::Impl : std::enable_shared_from_this<H2Connection::Impl> {
-  Impl(beast::tcp_stream& s, std::shared_ptr<SessionContext> c, std::string ip, std::string_view p)
+  Impl(ByteStream s, std::shared_ptr<SessionContext> c, std::string ip, std::string_view p)
       : stream(s),
         context(std::move(c)),
         client_ip(std::move(ip)),
@@ -112,7 +112,7 @@ struct H2Connection::Impl : std::enable_shared_from_this<H2Connection::Impl> {
     if (session) nghttp2_session_del(session);
   }
 
-  beast::tcp_stream& stream;
+  ByteStream stream;
   std::shared_ptr<SessionContext> context;
   std::string client_ip;
   std::string proto;
@@ -132,7 +132,7 @@ struct H2Connection::Impl : std::enable_shared_from_this<H2Connection::Impl> {
   std::size_t handlers = 0;  ///< stream tasks still running
   Clock::time_point last_activity = Clock::now();
 
-  tcp::socket& socket() { return stream.socket(); }
+  tcp::socket& socket() { return stream.tcp().socket(); }
   const config::Limits& limits() const { return config->limits; }
 
   static Impl& of(void* user_data) { return *static_cast<Impl*>(user_data); }
@@ -526,7 +526,7 @@ asio::awaitable<void> H2Connection::Impl::write_loop(std::shared_ptr<Impl> keep)
     if (!write_buffer.empty()) {
       writing = true;
       last_activity = Clock::now();
-      auto [ec, n] = co_await asio::async_write(socket(), asio::buffer(write_buffer), use_nothrow);
+      auto [ec, n] = co_await asio::async_write(stream, asio::buffer(write_buffer), use_nothrow);
       writing = false;
       last_activity = Clock::now();
       if (ec) {
@@ -590,7 +590,7 @@ void H2Connection::Impl::shut() {
 
 asio::awaitable<void> H2Connection::Impl::run(beast::flat_buffer& buffer) {
   if (!open()) co_return;
-  stream.expires_never();  // this connection keeps its own time (watch_idle)
+  stream.tcp().expires_never();  // this connection keeps its own time (watch_idle)
   const auto executor = stream.get_executor();
   asio::co_spawn(executor, write_loop(shared_from_this()),
                  common::log_on_exception("HTTP/2 writer failed"));
@@ -601,7 +601,7 @@ asio::awaitable<void> H2Connection::Impl::run(beast::flat_buffer& buffer) {
   signal_write();
   std::vector<char> chunk(kReadSize);
   while (ok && !failed && !writer_done && nghttp2_session_want_read(session)) {
-    auto [ec, n] = co_await socket().async_read_some(asio::buffer(chunk), use_nothrow);
+    auto [ec, n] = co_await stream.async_read_some(asio::buffer(chunk), use_nothrow);
     if (ec) break;
     last_activity = Clock::now();
     ok = receive(chunk.data(), n);
@@ -622,7 +622,7 @@ asio::awaitable<void> H2Connection::Impl::run(beast::flat_buffer& buffer) {
   }
 }
 
-H2Connection::H2Connection(beast::tcp_stream& stream, std::shared_ptr<SessionContext> context,
+H2Connection::H2Connection(ByteStream stream, std::shared_ptr<SessionContext> context,
                            std::string client_ip, std::string_view proto)
     : impl_(std::make_shared<Impl>(stream, std::move(context), std::move(client_ip), proto)) {}
 

@@ -4,10 +4,11 @@
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <memory>
 #include <string>
 #include <string_view>
+
+#include "gateway/http/byte_stream.hpp"
 
 namespace idemgate::http {
 
@@ -44,8 +45,10 @@ PrefaceMatch match_h2_preface(std::string_view first_bytes);
 /// - One access line per stream (C32) with `"protocol":"h2"`.
 class H2Connection {
  public:
-  H2Connection(boost::beast::tcp_stream& stream, std::shared_ptr<SessionContext> context,
-               std::string client_ip, std::string_view proto);
+  /// Over `stream` (plain, or TLS after an ALPN `h2`); `proto` (`http`/`https`) goes to
+  /// X-Forwarded-Proto.
+  H2Connection(ByteStream stream, std::shared_ptr<SessionContext> context, std::string client_ip,
+               std::string_view proto);
   ~H2Connection();
   H2Connection(const H2Connection&) = delete;
   H2Connection& operator=(const H2Connection&) = delete;

@@ -76,13 +76,31 @@ void open_acceptor(tcp::acceptor& acceptor, const tcp::endpoint& endpoint) {
 constexpr auto kAcceptBackoffFirst = std::chrono::milliseconds(50);
 constexpr auto kAcceptBackoffMax = std::chrono::milliseconds(1000);
 
-std::unique_ptr<asio::ssl::context> make_tls_context(const config::Listen& listen) {
+/// ALPN (RFC 7301) on the server side: the first of our protocols (`arg`, wire format) that the
+/// client offers; none in common, or no ALPN from the client: no protocol, which is HTTP/1.1.
+int select_alpn(SSL*, const unsigned char** out, unsigned char* outlen, const unsigned char* in,
+                unsigned int inlen, void* arg) {
+  const auto& ours = *static_cast<const std::string*>(arg);
+  unsigned char* chosen = nullptr;
+  if (SSL_select_next_proto(&chosen, outlen, reinterpret_cast<const unsigned char*>(ours.data()),
+                            static_cast<unsigned int>(ours.size()), in,
+                            inlen) != OPENSSL_NPN_NEGOTIATED) {
+    return SSL_TLSEXT_ERR_NOACK;
+  }
+  *out = chosen;
+  return SSL_TLSEXT_ERR_OK;
+}
+
+std::unique_ptr<asio::ssl::context> make_tls_context(const config::Listen& listen,
+                                                     const std::string& alpn_wire) {
   auto tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
   tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
                    asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
                    asio::ssl::context::no_tlsv1_1 | asio::ssl::context::single_dh_use);
   tls->use_certificate_chain_file(listen.tls_cert);
   tls->use_private_key_file(listen.tls_key, asio::ssl::context::pem);
+  SSL_CTX_set_alpn_select_cb(tls->native_handle(), &select_alpn,
+                             const_cast<std::string*>(&alpn_wire));
   return tls;
 }
 
@@ -144,7 +162,11 @@ Server::Server(std::shared_ptr<const config::Config> config, HandlerFactory make
       make_handler_(std::move(make_handler)),
       gate_(std::make_unique<ConnectionGate>(config_->limits.max_connections)) {
   if (!config_->listen.tls_cert.empty() || !config_->listen.tls_key.empty()) {
-    tls_ = make_tls_context(config_->listen);
+    for (const auto& protocol : config_->listen.tls_alpn) {
+      alpn_wire_.push_back(static_cast<char>(protocol.size()));
+      alpn_wire_ += protocol;
+    }
+    tls_ = make_tls_context(config_->listen, alpn_wire_);
   }
   const unsigned threads = static_cast<unsigned>(std::max(config_->threads, 1));
   auto endpoint = resolve_listen(config_->listen);

@@ -31,7 +31,8 @@ class Server {
   /// Binds `config->threads` acceptors (at least one) to `listen.address:listen.port` with
   /// SO_REUSEPORT; with port 0 the first binds an ephemeral port and the others join it.
   /// With `listen.tls_cert`/`tls_key` set, connections are TLS (TLS 1.2 or later; the PEM
-  /// certificate chain and key are read here, once: a reload does not re-read them).
+  /// certificate chain and key are read here, once: a reload does not re-read them), offering
+  /// `listen.tls.alpn` by ALPN (an `h2` connection is served as HTTP/2, SPEC C49).
   /// `observers` see every connection and answered request (metrics).
   ///
   /// Overload (SPEC C52): the threads' acceptors share `limits.max_connections` slots (0: no
@@ -87,6 +88,8 @@ class Server {
 
   std::shared_ptr<const config::Config> config_;  // std::atomic_load/store only
   HandlerFactory make_handler_;
+  /// The ALPN protocol list of `listen.tls.alpn` in wire format, for the context's callback.
+  std::string alpn_wire_;
   std::unique_ptr<boost::asio::ssl::context> tls_;
   // Before workers_: sessions destroyed with a worker give their slot and tickets back.
   std::unique_ptr<ConnectionGate> gate_;

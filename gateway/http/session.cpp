@@ -279,6 +279,16 @@ asio::awaitable<void> BasicSession<Stream>::run() {
       lowest().close();
       co_return;
     }
+    // ALPN chose HTTP/2 (C49): the connection is served by the HTTP/2 codec.
+    const unsigned char* alpn = nullptr;
+    unsigned int alpn_size = 0;
+    SSL_get0_alpn_selected(stream_.native_handle(), &alpn, &alpn_size);
+    if (std::string_view(reinterpret_cast<const char*>(alpn), alpn_size) == "h2") {
+      h2_ = std::make_unique<H2Connection>(ByteStream(stream_), context_, client_ip_, "https");
+      co_await h2_->run(buffer);
+      lowest().close();
+      co_return;
+    }
   }
   for (;;) {
     if (buffer.size() == 0) {
@@ -298,7 +308,7 @@ asio::awaitable<void> BasicSession<Stream>::run() {
       if (first && context_->config()->listen.h2c) h2 = co_await starts_h2(buffer);
     }
     if (h2) {
-      h2_ = std::make_unique<H2Connection>(lowest(), context_, client_ip_, "http");
+      h2_ = std::make_unique<H2Connection>(ByteStream(lowest()), context_, client_ip_, "http");
       co_await h2_->run(buffer);
       break;
     }

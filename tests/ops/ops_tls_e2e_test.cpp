@@ -65,6 +65,45 @@ BOOST_AUTO_TEST_CASE(an_https_client_is_served_through_the_tls_listener) {
   BOOST_TEST(upstream.count("/plain") == 0u);
 }
 
+BOOST_AUTO_TEST_CASE(spec_C49_alpn_offers_h2_then_http1_on_the_tls_listener) {
+  TestPki pki;
+  TestUpstream upstream;
+  GatewayConfig config;
+  config.upstreams = {UpstreamConfig{"up", {upstream.address()}}};
+  config.routes = {route("all", "/", "up")};
+  const std::string listen = "listen: { address: 127.0.0.1, port: 0 }";
+  const auto with_tls = [&](const std::string& alpn) {
+    std::string yaml = config.render();
+    yaml.replace(yaml.find(listen), listen.size(),
+                 "listen: { address: 127.0.0.1, port: 0, tls: { cert: \"" + pki.server_cert() +
+                     "\", key: \"" + pki.server_key() + "\"" + alpn + " } }");
+    return yaml;
+  };
+  // curl's %{http_version} of one GET over HTTPS, with `flag` choosing what curl offers.
+  const auto version_of = [&](const OpsGateway& gateway, const std::string& flag) {
+    const auto run =
+        e2e::run_program("/usr/bin/curl",
+                         {"-s", flag, "--cacert", pki.ca_file(), "-o", "/dev/null", "-w",
+                          "%{http_version} %{http_code}",
+                          "https://127.0.0.1:" + std::to_string(gateway.port()) + "/alpn"},
+                         gateway.dir());
+    return run.out;
+  };
+  {
+    OpsGateway gateway(with_tls(""));  // the default: [h2, http/1.1]
+    BOOST_TEST(version_of(gateway, "--http2") == "2 201");
+    BOOST_TEST(version_of(gateway, "--http1.1") == "1.1 201");
+    const auto received = upstream.received("/alpn");
+    BOOST_TEST_REQUIRE(received.size() == 2u);
+    BOOST_TEST(received[0].value("X-Forwarded-Proto").value_or("") == "https");
+  }
+  {
+    OpsGateway gateway(with_tls(", alpn: [\"http/1.1\"]"));  // HTTP/2 not offered
+    BOOST_TEST(version_of(gateway, "--http2") == "1.1 201");
+  }
+  BOOST_TEST(upstream.count("/alpn") == 3u);
+}
+
 BOOST_AUTO_TEST_CASE(a_tls_upstream_is_reached_when_its_certificate_verifies_and_502_otherwise) {
   TestPki pki;
   TlsUpstream secure(pki.server_cert(), pki.server_key());

@@ -288,7 +288,7 @@ BOOST_AUTO_TEST_CASE(unknown_keys_are_rejected_at_every_level) {
              "t.yaml:12: routes[0].idempotency.key_scope.header: unknown key (expected one of: "
              "headers)");
   BOOST_TEST(error_of(replace(kBase, "port: 0 }", "port: 0, tls: { cert: a, key: b, ca: c } }")) ==
-             "t.yaml:1: listen.tls.ca: unknown key (expected one of: cert, key)");
+             "t.yaml:1: listen.tls.ca: unknown key (expected one of: cert, key, alpn)");
 }
 
 BOOST_AUTO_TEST_CASE(duplicate_keys_are_rejected) {
@@ -416,6 +416,18 @@ BOOST_AUTO_TEST_CASE(spec_C49_C50_http2_keys_have_defaults_and_ranges) {
              "t.yaml:12: limits.h2_max_concurrent_streams: must be between 1 and 10000, got 0");
   BOOST_TEST(error_of(kBase + "admin: { port: 0, h2c: true }\n").find("admin.h2c") !=
              std::string::npos);
+  // ALPN on a TLS listener: h2 then http/1.1 unless the list says otherwise.
+  BOOST_TEST((d->listen.tls_alpn == std::vector<std::string>{"h2", "http/1.1"}));
+  const auto tls = [&](const std::string& alpn) {
+    return replace(kBase, "port: 0 }",
+                   "port: 0, tls: { cert: /dev/null, key: /dev/null" + alpn + " } }");
+  };
+  BOOST_TEST(
+      (load(tls(", alpn: [http/1.1]"))->listen.tls_alpn == std::vector<std::string>{"http/1.1"}));
+  BOOST_TEST(error_of(tls(", alpn: []")) == "t.yaml:1: listen.tls.alpn: must not be empty");
+  BOOST_TEST(error_of(tls(", alpn: [h2, h2]")) ==
+             "t.yaml:1: listen.tls.alpn[1]: duplicate protocol \"h2\"");
+  BOOST_TEST(error_of(tls(", alpn: [h3]")).find("listen.tls.alpn[0]") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(request_id_defaults_to_a_generated_x_request_id) {
