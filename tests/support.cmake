@@ -5,6 +5,7 @@ add_library(idemgate_test_support STATIC
   support/http_client.cpp
   support/metric_text.cpp
   support/process_memory.cpp
+  support/h2_frames.cpp
 )
 target_link_libraries(idemgate_test_support PUBLIC Boost::headers Threads::Threads)
 

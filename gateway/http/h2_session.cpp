@@ -46,6 +46,14 @@ PrefaceMatch match_h2_preface(std::string_view first_bytes) {
 namespace {
 
 constexpr std::size_t kReadSize = 16 * 1024;
+// Bounds of SPEC C51 (conf/REFERENCE.md, "HTTP/2"): frames that cost work without carrying a
+// request (PING, SETTINGS, PRIORITY, RST_STREAM, empty DATA) are paid from a per-connection
+// budget of kFloodBurst that refills at kFloodRate a second; a header list that decodes to more
+// than kHeaderBombFactor × max_header_bytes ends the connection. Both with GOAWAY
+// ENHANCE_YOUR_CALM.
+constexpr double kFloodBurst = 1000;
+constexpr double kFloodRate = 100;
+constexpr std::size_t kHeaderBombFactor = 4;
 constexpr std::size_t kWriteBatch = 64 * 1024;
 
 /// One request stream: what the client sent, then what it gets.
@@ -129,7 +137,11 @@ struct H2Connection::Impl : std::enable_shared_from_this<H2Connection::Impl> {
   bool failed = false;       ///< the socket failed or was closed: nothing more is sent
   bool ending = false;       ///< the reader has ended
   bool said_goaway = false;  ///< an idle connection was told GOAWAY
-  std::size_t handlers = 0;  ///< stream tasks still running
+  bool calm = false;         ///< a C51 bound was passed: GOAWAY, then the connection ends
+  double flood_tokens = kFloodBurst;
+  Clock::time_point flood_refilled = Clock::now();
+  Clock::time_point last_write = Clock::now();  ///< the last time a write made progress
+  std::size_t handlers = 0;                     ///< stream tasks still running
   Clock::time_point last_activity = Clock::now();
 
   tcp::socket& socket() { return stream.tcp().socket(); }
@@ -150,6 +162,10 @@ struct H2Connection::Impl : std::enable_shared_from_this<H2Connection::Impl> {
   asio::awaitable<void> write_loop(std::shared_ptr<Impl> keep);
   asio::awaitable<void> watch_idle(std::shared_ptr<Impl> keep);
   void shut();
+  /// Ends the connection for passing a C51 bound: GOAWAY ENHANCE_YOUR_CALM, nothing more read.
+  void enhance_your_calm(std::string_view why);
+  /// Pays one frame that carries no request from the flood budget; false once it is spent.
+  bool pay_flood();
   void start(H2Stream& s);
   asio::awaitable<void> serve(std::shared_ptr<Impl> keep, std::shared_ptr<H2Stream> s);
   asio::awaitable<void> pump(std::shared_ptr<H2Stream> s, std::shared_ptr<ResponseTail> tail);
@@ -207,6 +223,12 @@ int H2Connection::Impl::on_begin_headers(nghttp2_session* session, const nghttp2
                                          void* user_data) {
   if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
   Impl& self = of(user_data);
+  // Rapid Reset (CVE-2023-44487): a client keeps within MAX_CONCURRENT_STREAMS by resetting the
+  // streams it opened while their work goes on; more running than it may have open is that.
+  if (self.handlers >= self.limits().h2_max_concurrent_streams) {
+    self.enhance_your_calm("more streams in progress than h2_max_concurrent_streams (reset early)");
+    return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+  }
   auto s = std::make_shared<H2Stream>();
   s->id = frame->hd.stream_id;
   s->started = Clock::now();
@@ -231,6 +253,11 @@ int H2Connection::Impl::on_header(nghttp2_session*, const nghttp2_frame* frame,
   // over both protocols (C04, C50).
   s->header_bytes += namelen + valuelen + 4;
   if (s->header_bytes > s->config->limits.max_header_bytes) s->header_too_large = true;
+  if (s->header_bytes > kHeaderBombFactor * s->config->limits.max_header_bytes) {
+    self.enhance_your_calm("a header list decoded past " + std::to_string(kHeaderBombFactor) +
+                           " x max_header_bytes (HPACK bomb)");
+    return NGHTTP2_ERR_PAUSE;
+  }
   if (s->header_too_large) return 0;
   if (n == ":method") {
     s->method.assign(v);
@@ -254,6 +281,17 @@ int H2Connection::Impl::on_frame_recv(nghttp2_session*, const nghttp2_frame* fra
                                       void* user_data) {
   Impl& self = of(user_data);
   self.last_activity = Clock::now();
+  const bool costly =
+      frame->hd.type == NGHTTP2_PING || frame->hd.type == NGHTTP2_PRIORITY ||
+      frame->hd.type == NGHTTP2_RST_STREAM ||
+      (frame->hd.type == NGHTTP2_SETTINGS && (frame->hd.flags & NGHTTP2_FLAG_ACK) == 0) ||
+      (frame->hd.type == NGHTTP2_DATA && frame->hd.length == 0 &&
+       (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) == 0);
+  if (costly && !self.pay_flood()) {
+    self.enhance_your_calm("more PING, SETTINGS, PRIORITY, RST_STREAM or empty DATA frames than " +
+                           std::to_string(static_cast<int>(kFloodRate)) + " a second");
+    return 0;
+  }
   if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
   H2Stream* s = self.stream_of(frame->hd.stream_id);
   if (!s || s->answering) return 0;
@@ -529,6 +567,7 @@ asio::awaitable<void> H2Connection::Impl::write_loop(std::shared_ptr<Impl> keep)
       auto [ec, n] = co_await asio::async_write(stream, asio::buffer(write_buffer), use_nothrow);
       writing = false;
       last_activity = Clock::now();
+      last_write = last_activity;
       if (ec) {
         failed = true;
         break;
@@ -572,8 +611,40 @@ asio::awaitable<void> H2Connection::Impl::watch_idle(std::shared_ptr<Impl> keep)
       last_activity = Clock::now();
       continue;
     }
+    // A client that holds a zero window while answers wait to be sent (C51): nothing written
+    // for idle_timeout although a stream has bytes ready.
+    const bool stalled = std::any_of(streams.begin(), streams.end(), [](const auto& entry) {
+      const H2Stream& s = *entry.second;
+      return s.submitted && !s.closed && !s.deferred;
+    });
+    if (stalled && Clock::now() >= last_write + idle) {
+      common::log_json(
+          spdlog::level::warn, "HTTP/2 connection ended",
+          {{"client", client_ip}, {"reason", "no window to send answers for idle_timeout"}});
+      shut();
+      break;
+    }
     last_activity = Clock::now();  // streams in progress: waiting on their upstreams is not idle
   }
+}
+
+bool H2Connection::Impl::pay_flood() {
+  const auto now = Clock::now();
+  flood_tokens = std::min(
+      kFloodBurst,
+      flood_tokens + kFloodRate * std::chrono::duration<double>(now - flood_refilled).count());
+  flood_refilled = now;
+  flood_tokens -= 1;
+  return flood_tokens >= 0;
+}
+
+void H2Connection::Impl::enhance_your_calm(std::string_view why) {
+  if (calm || failed) return;
+  calm = true;
+  common::log_json(spdlog::level::warn, "HTTP/2 connection ended",
+                   {{"client", client_ip}, {"reason", why}});
+  nghttp2_session_terminate_session(session, NGHTTP2_ENHANCE_YOUR_CALM);
+  signal_write();
 }
 
 void H2Connection::Impl::shut() {
@@ -600,7 +671,7 @@ asio::awaitable<void> H2Connection::Impl::run(beast::flat_buffer& buffer) {
   buffer.consume(buffer.size());
   signal_write();
   std::vector<char> chunk(kReadSize);
-  while (ok && !failed && !writer_done && nghttp2_session_want_read(session)) {
+  while (ok && !calm && !failed && !writer_done && nghttp2_session_want_read(session)) {
     auto [ec, n] = co_await stream.async_read_some(asio::buffer(chunk), use_nothrow);
     if (ec) break;
     last_activity = Clock::now();
