@@ -303,6 +303,15 @@ int run_gateway(const std::string& config_path, bool migrate) {
       metrics.tunnel_closed();
     }
   };
+  observers.h2_connection = [&metrics](bool opened) {
+    if (opened) {
+      metrics.h2_connection_opened();
+    } else {
+      metrics.h2_connection_closed();
+    }
+  };
+  observers.h2_stream = [&metrics] { metrics.count_h2_stream(); };
+  observers.h2_cut = [&metrics](std::string_view reason) { metrics.count_h2_cut(reason); };
   observers.request_done = [&metrics](std::string_view route, std::string_view outcome,
                                       std::chrono::microseconds upstream_time) {
     metrics.count_request(route, outcome);

@@ -237,6 +237,20 @@ Metrics::Metrics()
                         .Help("Upgrade tunnels (WebSocket) open now (C40)")
                         .Register(*registry_)
                         .Add({})),
+      h2_connections_(prometheus::BuildGauge()
+                          .Name("idemgate_h2_connections")
+                          .Help("HTTP/2 client connections open now (C49)")
+                          .Register(*registry_)
+                          .Add({})),
+      h2_streams_(prometheus::BuildCounter()
+                      .Name("idemgate_h2_streams_total")
+                      .Help("Requests that came as HTTP/2 streams (C49)")
+                      .Register(*registry_)
+                      .Add({})),
+      h2_cuts_(prometheus::BuildCounter()
+                   .Name("idemgate_h2_connections_ended_total")
+                   .Help("HTTP/2 connections ended for passing a bound of C51, by reason")
+                   .Register(*registry_)),
       ready_(prometheus::BuildGauge()
                  .Name("idemgate_ready")
                  .Help("1 when the last readiness check (/readyz rule, C30) passed, else 0")
@@ -318,6 +332,22 @@ void Metrics::tunnel_opened() {
 
 void Metrics::tunnel_closed() {
   open_tunnels_.Decrement();
+}
+
+void Metrics::h2_connection_opened() {
+  h2_connections_.Increment();
+}
+
+void Metrics::h2_connection_closed() {
+  h2_connections_.Decrement();
+}
+
+void Metrics::count_h2_stream() {
+  h2_streams_.Increment();
+}
+
+void Metrics::count_h2_cut(std::string_view reason) {
+  h2_cuts_.Add({{"reason", std::string(reason)}}).Increment();
 }
 
 void Metrics::connection_closed() {

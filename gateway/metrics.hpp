@@ -39,6 +39,10 @@ namespace idemgate {
 /// - counter `idemgate_store_failovers_total{store}` (C46): switches to a different Redis
 ///   primary (`redis`) or Postgres host (`postgres`); both series exist from the start at 0.
 /// - gauge `idemgate_open_tunnels` (upgrade tunnels open now, C40).
+/// - HTTP/2 (C49–C51): gauge `idemgate_h2_connections` (open now), counter
+///   `idemgate_h2_streams_total` (requests that came as streams; also in
+///   `idemgate_requests_total`), counter `idemgate_h2_connections_ended_total{reason}` (ended
+///   for passing a C51 bound: flood, header_bomb, rapid_reset, zero_window).
 /// - gauges `idemgate_client_connections` (client connections open, SPEC C52) and
 ///   `idemgate_in_flight_locks` (in-flight locks held by this process, including ones kept on
 ///   purpose until their lock_ttl).
@@ -84,6 +88,10 @@ class Metrics {
   /// idemgate_open_tunnels (SPEC C40).
   void tunnel_opened();
   void tunnel_closed();
+  void h2_connection_opened();
+  void h2_connection_closed();
+  void count_h2_stream();
+  void count_h2_cut(std::string_view reason);
   void lock_taken();
   void lock_freed();
 
@@ -135,6 +143,9 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>& pending_commits_;
   prometheus::Gauge& in_flight_locks_;
   prometheus::Gauge& open_tunnels_;
+  prometheus::Gauge& h2_connections_;
+  prometheus::Counter& h2_streams_;
+  prometheus::Family<prometheus::Counter>& h2_cuts_;
   prometheus::Gauge& ready_;
   prometheus::Family<prometheus::Gauge>& cleaner_last_run_;
   prometheus::Family<prometheus::Gauge>& cleaner_interval_;

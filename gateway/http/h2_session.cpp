@@ -163,7 +163,7 @@ struct H2Connection::Impl : std::enable_shared_from_this<H2Connection::Impl> {
   asio::awaitable<void> watch_idle(std::shared_ptr<Impl> keep);
   void shut();
   /// Ends the connection for passing a C51 bound: GOAWAY ENHANCE_YOUR_CALM, nothing more read.
-  void enhance_your_calm(std::string_view why);
+  void enhance_your_calm(std::string_view reason, std::string_view why);
   /// Pays one frame that carries no request from the flood budget; false once it is spent.
   bool pay_flood();
   void start(H2Stream& s);
@@ -226,7 +226,8 @@ int H2Connection::Impl::on_begin_headers(nghttp2_session* session, const nghttp2
   // Rapid Reset (CVE-2023-44487): a client keeps within MAX_CONCURRENT_STREAMS by resetting the
   // streams it opened while their work goes on; more running than it may have open is that.
   if (self.handlers >= self.limits().h2_max_concurrent_streams) {
-    self.enhance_your_calm("more streams in progress than h2_max_concurrent_streams (reset early)");
+    self.enhance_your_calm("rapid_reset",
+                           "more streams in progress than h2_max_concurrent_streams (reset early)");
     return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
   }
   auto s = std::make_shared<H2Stream>();
@@ -254,8 +255,9 @@ int H2Connection::Impl::on_header(nghttp2_session*, const nghttp2_frame* frame,
   s->header_bytes += namelen + valuelen + 4;
   if (s->header_bytes > s->config->limits.max_header_bytes) s->header_too_large = true;
   if (s->header_bytes > kHeaderBombFactor * s->config->limits.max_header_bytes) {
-    self.enhance_your_calm("a header list decoded past " + std::to_string(kHeaderBombFactor) +
-                           " x max_header_bytes (HPACK bomb)");
+    self.enhance_your_calm("header_bomb", "a header list decoded past " +
+                                              std::to_string(kHeaderBombFactor) +
+                                              " x max_header_bytes (HPACK bomb)");
     return NGHTTP2_ERR_PAUSE;
   }
   if (s->header_too_large) return 0;
@@ -288,8 +290,9 @@ int H2Connection::Impl::on_frame_recv(nghttp2_session*, const nghttp2_frame* fra
       (frame->hd.type == NGHTTP2_DATA && frame->hd.length == 0 &&
        (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) == 0);
   if (costly && !self.pay_flood()) {
-    self.enhance_your_calm("more PING, SETTINGS, PRIORITY, RST_STREAM or empty DATA frames than " +
-                           std::to_string(static_cast<int>(kFloodRate)) + " a second");
+    self.enhance_your_calm("flood",
+                           "more PING, SETTINGS, PRIORITY, RST_STREAM or empty DATA frames than " +
+                               std::to_string(static_cast<int>(kFloodRate)) + " a second");
     return 0;
   }
   if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
@@ -530,6 +533,7 @@ void H2Connection::Impl::log_done(H2Stream& s) {
   if (context->observers.request_done) {
     context->observers.request_done(route, s.outcome, s.upstream_time);
   }
+  if (context->observers.h2_stream) context->observers.h2_stream();
 }
 
 bool H2Connection::Impl::receive(const void* data, std::size_t size) {
@@ -621,6 +625,7 @@ asio::awaitable<void> H2Connection::Impl::watch_idle(std::shared_ptr<Impl> keep)
       common::log_json(
           spdlog::level::warn, "HTTP/2 connection ended",
           {{"client", client_ip}, {"reason", "no window to send answers for idle_timeout"}});
+      if (context->observers.h2_cut) context->observers.h2_cut("zero_window");
       shut();
       break;
     }
@@ -638,11 +643,12 @@ bool H2Connection::Impl::pay_flood() {
   return flood_tokens >= 0;
 }
 
-void H2Connection::Impl::enhance_your_calm(std::string_view why) {
+void H2Connection::Impl::enhance_your_calm(std::string_view reason, std::string_view why) {
   if (calm || failed) return;
   calm = true;
   common::log_json(spdlog::level::warn, "HTTP/2 connection ended",
                    {{"client", client_ip}, {"reason", why}});
+  if (context->observers.h2_cut) context->observers.h2_cut(reason);
   nghttp2_session_terminate_session(session, NGHTTP2_ENHANCE_YOUR_CALM);
   signal_write();
 }
@@ -661,6 +667,15 @@ void H2Connection::Impl::shut() {
 
 asio::awaitable<void> H2Connection::Impl::run(beast::flat_buffer& buffer) {
   if (!open()) co_return;
+  struct Opened {
+    const SessionObservers& observers;
+    explicit Opened(const SessionObservers& o) : observers(o) {
+      if (observers.h2_connection) observers.h2_connection(true);
+    }
+    ~Opened() {
+      if (observers.h2_connection) observers.h2_connection(false);
+    }
+  } opened{context->observers};
   stream.tcp().expires_never();  // this connection keeps its own time (watch_idle)
   const auto executor = stream.get_executor();
   asio::co_spawn(executor, write_loop(shared_from_this()),

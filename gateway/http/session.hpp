@@ -33,6 +33,13 @@ struct SessionObservers {
       request_done;
   /// A tunnel opened (true) or ended (false) (SPEC C40, `idemgate_open_tunnels`).
   std::function<void(bool opened)> tunnel;
+  /// An HTTP/2 connection began (true) or ended (false) (SPEC C49).
+  std::function<void(bool opened)> h2_connection;
+  /// A request came as an HTTP/2 stream and was answered (SPEC C49); request_done sees it too.
+  std::function<void()> h2_stream;
+  /// An HTTP/2 connection was ended for passing a C51 bound: `reason` is `flood`,
+  /// `header_bomb`, `rapid_reset` or `zero_window`.
+  std::function<void(std::string_view reason)> h2_cut;
 };
 
 /// What the sessions of one io thread share. Owned by the Server; used on that thread only.

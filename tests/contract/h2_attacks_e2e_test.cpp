@@ -11,6 +11,7 @@
 
 #include "tests/contract/contract_support.hpp"
 #include "tests/support/h2_frames.hpp"
+#include "tests/support/metric_text.hpp"
 #include "tests/support/process_memory.hpp"
 
 namespace {
@@ -256,6 +257,11 @@ BOOST_AUTO_TEST_CASE(spec_C51_control_frame_floods_end_the_connection) {
       BOOST_TEST(*ending.goaway == h2::kEnhanceYourCalm);
     }
   }
+  // Counted for operators, by reason (C51).
+  const std::string metrics = gateway.admin_get("/metrics").body;
+  BOOST_TEST(metric_value(metrics, "idemgate_h2_connections_ended_total", {{"reason", "flood"}})
+                     .value_or(0) == 5.0,
+             metrics);
 }
 
 BOOST_AUTO_TEST_CASE(spec_C51_a_peer_that_reads_nothing_is_cut_after_idle_timeout) {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "tests/contract/contract_support.hpp"
+#include "tests/support/metric_text.hpp"
 
 namespace {
 
@@ -160,6 +161,11 @@ BOOST_AUTO_TEST_CASE(spec_C49_h2c_prior_knowledge_and_http1_share_one_listener) 
   // The access line names the protocol.
   BOOST_TEST(eventually([&] { return !access_lines_with(gateway, "\"protocol\":\"h2\"").empty(); }),
              gateway.diagnostics());
+
+  // Operators tell the protocols apart (C49): streams and connections of HTTP/2 are counted.
+  const std::string metrics = gateway.admin_get("/metrics").body;
+  BOOST_TEST(metric_value(metrics, "idemgate_h2_streams_total").value_or(0) >= 1.0, metrics);
+  BOOST_TEST(metric_value(metrics, "idemgate_h2_connections").has_value());
 
   const H2Answer h1 = curl("GET", "/things", {}, std::nullopt, false);
   BOOST_TEST(h1.version == "1.1");
