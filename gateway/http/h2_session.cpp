@@ -8,8 +8,10 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/error.hpp>
 #include <cctype>
+#include <charconv>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <unordered_map>
 #include <vector>
@@ -54,6 +56,13 @@ constexpr std::size_t kReadSize = 16 * 1024;
 constexpr double kFloodBurst = 1000;
 constexpr double kFloodRate = 100;
 constexpr std::size_t kHeaderBombFactor = 4;
+// Request bodies (C50, C51): a stream's body gets flow-control window beyond the initial
+// kStreamWindow only once the stream is admitted, oldest first, while the admitted streams'
+// bodies (their Content-Length, else max_request_body) fit in kHeldBodiesFactor ×
+// max_request_body; one stream is always admitted, so uploads never wait on each other for
+// ever. A client that uploads on every stream at once is slowed instead of growing memory.
+constexpr std::size_t kHeldBodiesFactor = 4;
+constexpr std::uint32_t kStreamWindow = 16 * 1024;
 constexpr std::size_t kWriteBatch = 64 * 1024;
 
 /// One request stream: what the client sent, then what it gets.
@@ -68,6 +77,10 @@ struct H2Stream {
   std::string cookie;  ///< `cookie` fields joined (RFC 9113 §8.2.3)
   std::size_t header_bytes = 0;
   bool header_too_large = false;
+  bool admitted = false;        ///< its body gets window (see kHeldBodiesFactor)
+  bool waiting = false;         ///< in the connection's queue of bodies to admit
+  std::size_t reserved = 0;     ///< bytes reserved for its body while admitted
+  std::size_t window_owed = 0;  ///< DATA received before admission, window not given back
   bool body_too_large = false;
   bool framed = false;     ///< DATA frames or a content-length came: the body is framed
   bool answering = false;  ///< the request is whole (or refused): its answer is under way
@@ -142,6 +155,10 @@ struct H2Connection::Impl : std::enable_shared_from_this<H2Connection::Impl> {
   Clock::time_point flood_refilled = Clock::now();
   Clock::time_point last_write = Clock::now();  ///< the last time a write made progress
   std::size_t handlers = 0;                     ///< stream tasks still running
+  /// Bytes reserved by admitted request bodies, and the streams whose bodies wait for
+  /// admission, oldest first.
+  std::size_t admitted_bytes = 0;
+  std::deque<std::shared_ptr<H2Stream>> body_queue;
   Clock::time_point last_activity = Clock::now();
 
   tcp::socket& socket() { return stream.tcp().socket(); }
@@ -162,6 +179,10 @@ struct H2Connection::Impl : std::enable_shared_from_this<H2Connection::Impl> {
   asio::awaitable<void> write_loop(std::shared_ptr<Impl> keep);
   asio::awaitable<void> watch_idle(std::shared_ptr<Impl> keep);
   void shut();
+  /// Admits waiting bodies, oldest first, while they fit (kHeldBodiesFactor).
+  void admit();
+  /// The body `s` reserved is free again (its handler ended, or it was reset first).
+  void release(H2Stream& s);
   /// Ends the connection for passing a C51 bound: GOAWAY ENHANCE_YOUR_CALM, nothing more read.
   void enhance_your_calm(std::string_view reason, std::string_view why);
   /// Pays one frame that carries no request from the flood budget; false once it is spent.
@@ -203,6 +224,8 @@ bool H2Connection::Impl::open() {
   }
   // A SETTINGS frame with more entries than this ends the connection (CVE-2019-9515 sends many).
   nghttp2_option_set_max_settings(option, 32);
+  // Flow control is ours: DATA is given back to the window once its memory is free (release()).
+  nghttp2_option_set_no_auto_window_update(option, 1);
   const int rv = nghttp2_session_server_new2(&session, callbacks, this, option);
   nghttp2_option_del(option);
   nghttp2_session_callbacks_del(callbacks);
@@ -213,6 +236,7 @@ bool H2Connection::Impl::open() {
   const nghttp2_settings_entry settings[] = {
       {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS,
        static_cast<std::uint32_t>(limits().h2_max_concurrent_streams)},
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, kStreamWindow},
       {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
        static_cast<std::uint32_t>(std::min<std::size_t>(limits().max_header_bytes, UINT32_MAX))},
   };
@@ -303,20 +327,78 @@ int H2Connection::Impl::on_frame_recv(nghttp2_session*, const nghttp2_frame* fra
   return 0;
 }
 
-int H2Connection::Impl::on_data_chunk(nghttp2_session*, std::uint8_t, std::int32_t stream_id,
-                                      const std::uint8_t* data, std::size_t len, void* user_data) {
+int H2Connection::Impl::on_data_chunk(nghttp2_session* session, std::uint8_t,
+                                      std::int32_t stream_id, const std::uint8_t* data,
+                                      std::size_t len, void* user_data) {
   Impl& self = of(user_data);
+  // The connection's window is always given back: only streams wait for theirs.
+  nghttp2_session_consume_connection(session, len);
   H2Stream* s = self.stream_of(stream_id);
-  if (!s || s->answering) return 0;  // answered early: the rest is read and dropped
+  if (!s || s->answering) {  // answered early: the rest is read and dropped
+    nghttp2_session_consume_stream(session, stream_id, len);
+    return 0;
+  }
   s->framed = true;
   auto& body = s->request.body();
   if (body.size() + len > s->config->limits.max_request_body) {
     s->body_too_large = true;  // C04: 413 before the body ends; nothing is forwarded
+    nghttp2_session_consume_stream(session, stream_id, len);
     self.start(*s);
     return 0;
   }
   body.append(reinterpret_cast<const char*>(data), len);
+  if (s->admitted) {
+    nghttp2_session_consume_stream(session, stream_id, len);
+    return 0;
+  }
+  s->window_owed += len;
+  if (!s->waiting) {
+    s->waiting = true;
+    const auto it = self.streams.find(stream_id);
+    if (it != self.streams.end()) self.body_queue.push_back(it->second);
+  }
+  self.admit();
   return 0;
+}
+
+void H2Connection::Impl::admit() {
+  const std::size_t bound = kHeldBodiesFactor * std::max<std::size_t>(limits().max_request_body, 1);
+  while (!body_queue.empty()) {
+    H2Stream& s = *body_queue.front();
+    if (s.closed || s.answering || s.admitted) {
+      body_queue.pop_front();
+      continue;
+    }
+    const auto field = s.request[bhttp::field::content_length];
+    const std::string_view length(field.data(), field.size());
+    std::size_t need = s.config->limits.max_request_body;
+    if (!length.empty()) {
+      std::size_t declared = 0;
+      const auto [end, ec] =
+          std::from_chars(length.data(), length.data() + length.size(), declared);
+      if (ec == std::errc() && end == length.data() + length.size())
+        need = std::min(need, declared);
+    }
+    if (admitted_bytes > 0 && admitted_bytes + need > bound) break;  // one is always admitted
+    admitted_bytes += need;
+    s.reserved = need;
+    s.admitted = true;
+    s.waiting = false;
+    if (s.window_owed > 0) {
+      nghttp2_session_consume_stream(session, s.id, s.window_owed);
+      s.window_owed = 0;
+      signal_write();
+    }
+    body_queue.pop_front();
+  }
+}
+
+void H2Connection::Impl::release(H2Stream& s) {
+  if (!s.admitted) return;
+  s.admitted = false;
+  admitted_bytes -= std::min(admitted_bytes, s.reserved);
+  s.reserved = 0;
+  admit();
 }
 
 int H2Connection::Impl::on_stream_close(nghttp2_session*, std::int32_t stream_id,
@@ -328,6 +410,7 @@ int H2Connection::Impl::on_stream_close(nghttp2_session*, std::int32_t stream_id
   self.streams.erase(it);
   s->closed = true;
   s->close_error = error_code;
+  if (!s->answering) self.release(*s);  // reset before its request was whole
   if (s->pump_wake) s->pump_wake->cancel();
   // A stream whose answer was submitted is logged here, when it is known whether all of it
   // went out; one still in its handler is logged when the handler returns.
@@ -372,10 +455,12 @@ asio::awaitable<void> H2Connection::Impl::serve(std::shared_ptr<Impl> keep,
   (void)keep;
   struct Count {
     Impl& self;
+    H2Stream& stream;
     ~Count() {
+      self.release(stream);  // the request and its body are gone with the handler's frame
       if (--self.handlers == 0) self.done_wake.cancel();
     }
-  } count{*this};
+  } count{*this, *s};
   const auto& cfg = *s->config;
   const auto& limits = cfg.limits;
   Request& req = s->request;
@@ -607,8 +692,9 @@ asio::awaitable<void> H2Connection::Impl::watch_idle(std::shared_ptr<Impl> keep)
       shut();
       break;
     }
-    if (streams.empty() && handlers == 0) {
-      // Idle: GOAWAY, then the connection ends once it is written (or after one more period).
+    if (handlers == 0) {
+      // Idle, or streams whose requests stopped arriving (C07): GOAWAY, then the connection
+      // ends once it is written (or after one more period).
       said_goaway = true;
       nghttp2_session_terminate_session(session, NGHTTP2_NO_ERROR);
       signal_write();

@@ -264,6 +264,30 @@ BOOST_AUTO_TEST_CASE(spec_C51_control_frame_floods_end_the_connection) {
              metrics);
 }
 
+BOOST_AUTO_TEST_CASE(spec_C51_bodies_begun_on_every_stream_hold_bounded_memory_and_time_out) {
+  const auto ending = run("bodies on every stream", [&](h2::Connection& c) {
+    std::string batch;
+    for (std::uint32_t id = 1; id <= 199; id += 2) {
+      batch += h2::headers(
+          id,
+          h2::request_fields("POST", "/never-ends", {{"content-length", std::to_string(60'000)}}),
+          false);
+    }
+    c.send(batch);
+    // As much of each body as the windows let through; none ends.
+    const std::string piece(16 * 1024, 'b');
+    for (int round = 0; round < 4; ++round) {
+      for (std::uint32_t id = 1; id <= 199; id += 2) {
+        if (!c.send(h2::data(id, piece, false))) return false;
+      }
+    }
+    return false;
+  });
+  // Nothing was forwarded, and the connection was ended once it stopped sending (C07).
+  BOOST_TEST((ending.goaway.has_value() || ending.closed), gateway.diagnostics());
+  BOOST_TEST(upstream.count("/never-ends") == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(spec_C51_a_peer_that_reads_nothing_is_cut_after_idle_timeout) {
   std::string big;
   while (big.size() < 1024 * 1024) big += "0123456789";
