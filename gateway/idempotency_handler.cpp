@@ -116,9 +116,9 @@ IdempotencyHandler::IdempotencyHandler(http::Forwarder& forwarder, core::RecordS
 
 asio::awaitable<http::HandlerResult> IdempotencyHandler::pass_through(http::Exchange exchange,
                                                                       const char* outcome) {
-  http::ForwardResult fwd =
-      co_await forwarder_.forward(*exchange.upstream, std::move(exchange.request),
-                                  exchange.route->idempotency.max_stored_response);
+  http::ForwardResult fwd = co_await forwarder_.forward(
+      *exchange.upstream, std::move(exchange.request),
+      std::min(exchange.route->idempotency.max_stored_response, exchange.pass_through_hold));
   http::HandlerResult result;
   result.tail = std::move(fwd.tail);
   result.outcome = fwd.kind == http::ForwardResult::Kind::response ? outcome : "upstream_error";

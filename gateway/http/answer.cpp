@@ -64,8 +64,8 @@ boost::asio::awaitable<HandlerResult> answer_routed(RequestHandler& handler, Rou
   prepare_forwarded(request.base(), in.client_ip, in.proto);
   if (framed || !request.body().empty()) request.content_length(request.body().size());
   const config::Route& route = *in.route;
-  Exchange exchange{std::move(request), std::move(in.config), &route, &upstream->second,
-                    std::move(in.in_flight)};
+  Exchange exchange{std::move(request), std::move(in.config),    &route,
+                    &upstream->second,  std::move(in.in_flight), in.pass_through_hold};
   std::string failure;
   try {
     co_return co_await handler.handle(std::move(exchange));

@@ -56,6 +56,10 @@ constexpr std::size_t kReadSize = 16 * 1024;
 constexpr double kFloodBurst = 1000;
 constexpr double kFloodRate = 100;
 constexpr std::size_t kHeaderBombFactor = 4;
+constexpr std::int32_t kSmallWindowUpdate = 1024;
+// Bytes read with nothing to show for them (no request header or body byte received, no answer
+// byte sent): frames of types the codec skips unseen, or any other filler.
+constexpr std::size_t kFillerBytes = 1024 * 1024;
 // Request bodies (C50, C51): a stream's body gets flow-control window beyond the initial
 // kStreamWindow only once the stream is admitted, oldest first, while the admitted streams'
 // bodies (their Content-Length, else max_request_body) fit in kHeldBodiesFactor ×
@@ -77,10 +81,11 @@ struct H2Stream {
   std::string cookie;  ///< `cookie` fields joined (RFC 9113 §8.2.3)
   std::size_t header_bytes = 0;
   bool header_too_large = false;
-  bool admitted = false;        ///< its body gets window (see kHeldBodiesFactor)
-  bool waiting = false;         ///< in the connection's queue of bodies to admit
-  std::size_t reserved = 0;     ///< bytes reserved for its body while admitted
-  std::size_t window_owed = 0;  ///< DATA received before admission, window not given back
+  Clock::time_point last_progress;  ///< the last time its request's header or body moved
+  bool admitted = false;            ///< its body gets window (see kHeldBodiesFactor)
+  bool waiting = false;             ///< in the connection's queue of bodies to admit
+  std::size_t reserved = 0;         ///< bytes reserved for its body while admitted
+  std::size_t window_owed = 0;      ///< DATA received before admission, window not given back
   bool body_too_large = false;
   bool framed = false;     ///< DATA frames or a content-length came: the body is framed
   bool answering = false;  ///< the request is whole (or refused): its answer is under way
@@ -152,6 +157,7 @@ struct H2Connection::Impl : std::enable_shared_from_this<H2Connection::Impl> {
   bool said_goaway = false;  ///< an idle connection was told GOAWAY
   bool calm = false;         ///< a C51 bound was passed: GOAWAY, then the connection ends
   double flood_tokens = kFloodBurst;
+  std::size_t filler_bytes = 0;  ///< read since the last useful frame (kFillerBytes)
   Clock::time_point flood_refilled = Clock::now();
   Clock::time_point last_write = Clock::now();  ///< the last time a write made progress
   std::size_t handlers = 0;                     ///< stream tasks still running
@@ -249,7 +255,9 @@ int H2Connection::Impl::on_begin_headers(nghttp2_session* session, const nghttp2
   Impl& self = of(user_data);
   // Rapid Reset (CVE-2023-44487): a client keeps within MAX_CONCURRENT_STREAMS by resetting the
   // streams it opened while their work goes on; more running than it may have open is that.
-  if (self.handlers >= self.limits().h2_max_concurrent_streams) {
+  // A client that cancels a stream may open another at once while the first one's handler
+  // winds down: twice the limit leaves it that much room.
+  if (self.handlers >= 2 * self.limits().h2_max_concurrent_streams) {
     self.enhance_your_calm("rapid_reset",
                            "more streams in progress than h2_max_concurrent_streams (reset early)");
     return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
@@ -257,6 +265,7 @@ int H2Connection::Impl::on_begin_headers(nghttp2_session* session, const nghttp2
   auto s = std::make_shared<H2Stream>();
   s->id = frame->hd.stream_id;
   s->started = Clock::now();
+  s->last_progress = s->started;
   s->config = self.context->config();
   s->request.version(11);
   nghttp2_session_set_stream_user_data(session, s->id, s.get());
@@ -311,8 +320,11 @@ int H2Connection::Impl::on_frame_recv(nghttp2_session*, const nghttp2_frame* fra
       frame->hd.type == NGHTTP2_PING || frame->hd.type == NGHTTP2_PRIORITY ||
       frame->hd.type == NGHTTP2_RST_STREAM ||
       (frame->hd.type == NGHTTP2_SETTINGS && (frame->hd.flags & NGHTTP2_FLAG_ACK) == 0) ||
-      (frame->hd.type == NGHTTP2_DATA && frame->hd.length == 0 &&
-       (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) == 0);
+      (frame->hd.type == NGHTTP2_DATA && frame->hd.length <= frame->data.padlen &&
+       (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) == 0) ||
+      // data dribble (CVE-2019-9511): windows opened a few bytes at a time
+      (frame->hd.type == NGHTTP2_WINDOW_UPDATE &&
+       frame->window_update.window_size_increment < kSmallWindowUpdate);
   if (costly && !self.pay_flood()) {
     self.enhance_your_calm("flood",
                            "more PING, SETTINGS, PRIORITY, RST_STREAM or empty DATA frames than " +
@@ -320,6 +332,7 @@ int H2Connection::Impl::on_frame_recv(nghttp2_session*, const nghttp2_frame* fra
     return 0;
   }
   if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
+  if (frame->hd.type == NGHTTP2_HEADERS) self.filler_bytes = 0;
   H2Stream* s = self.stream_of(frame->hd.stream_id);
   if (!s || s->answering) return 0;
   // A header list past the limit is answered at once (431): its body is not needed.
@@ -339,6 +352,7 @@ int H2Connection::Impl::on_data_chunk(nghttp2_session* session, std::uint8_t,
     return 0;
   }
   s->framed = true;
+  s->last_progress = Clock::now();
   auto& body = s->request.body();
   if (body.size() + len > s->config->limits.max_request_body) {
     s->body_too_large = true;  // C04: 413 before the body ends; nothing is forwarded
@@ -347,6 +361,7 @@ int H2Connection::Impl::on_data_chunk(nghttp2_session* session, std::uint8_t,
     return 0;
   }
   body.append(reinterpret_cast<const char*>(data), len);
+  self.filler_bytes = 0;
   if (s->admitted) {
     nghttp2_session_consume_stream(session, stream_id, len);
     return 0;
@@ -499,8 +514,8 @@ asio::awaitable<void> H2Connection::Impl::serve(std::shared_ptr<Impl> keep,
     }
     bool keep_alive = true;
     // A named argument: GCC 12 destroys a braced temporary in a co_await expression twice.
-    RoutedRequest routed{std::move(req), s->config, s->route, std::move(in_flight),
-                         shed,           client_ip, proto,    s->request_id};
+    RoutedRequest routed{std::move(req), s->config, s->route,      std::move(in_flight), shed,
+                         client_ip,      proto,     s->request_id, limits.stream_buffer};
     result = co_await answer_routed(*context->handler, std::move(routed), 11, keep_alive);
   }
   s->status = result.response.result_int();
@@ -521,6 +536,7 @@ asio::awaitable<void> H2Connection::Impl::serve(std::shared_ptr<Impl> keep,
   if (streamed) result.response.erase(bhttp::field::content_length);  // framed by END_STREAM
   submit(*s, result.response, head, streamed);
   if (streamed && !s->closed) co_await pump(s, std::move(result.tail));
+  if (failed) log_done(*s);  // the connection ended under it: no stream close will come
 }
 
 void H2Connection::Impl::submit(H2Stream& s, Response& res, bool head, bool streamed) {
@@ -657,6 +673,7 @@ asio::awaitable<void> H2Connection::Impl::write_loop(std::shared_ptr<Impl> keep)
       writing = false;
       last_activity = Clock::now();
       last_write = last_activity;
+      filler_bytes = 0;  // answers going out: what the client sends may be their windows
       if (ec) {
         failed = true;
         break;
@@ -687,6 +704,15 @@ asio::awaitable<void> H2Connection::Impl::watch_idle(std::shared_ptr<Impl> keep)
     idle_timer.expires_at(last_activity + idle);
     auto [ec] = co_await idle_timer.async_wait(use_nothrow);
     if (ec || failed || writer_done) break;
+    // C07 per stream: a request whose body stopped arriving for idle_timeout is reset (its
+    // held bytes are freed), whatever the connection's other streams do.
+    const auto now = Clock::now();
+    for (const auto& [id, s] : streams) {
+      if (!s->answering && now >= s->last_progress + idle) {
+        nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, id, NGHTTP2_CANCEL);
+        signal_write();
+      }
+    }
     if (Clock::now() < last_activity + idle) continue;
     if (writing || said_goaway) {
       shut();
@@ -776,7 +802,11 @@ asio::awaitable<void> H2Connection::Impl::run(beast::flat_buffer& buffer) {
     auto [ec, n] = co_await stream.async_read_some(asio::buffer(chunk), use_nothrow);
     if (ec) break;
     last_activity = Clock::now();
+    filler_bytes += n;
     ok = receive(chunk.data(), n);
+    if (ok && filler_bytes > kFillerBytes) {
+      enhance_your_calm("flood", "more than 1 MiB read without a request byte in it");
+    }
     signal_write();
   }
   ending = true;
@@ -791,6 +821,10 @@ asio::awaitable<void> H2Connection::Impl::run(beast::flat_buffer& buffer) {
   while (handlers > 0) {
     done_wake.expires_at(Clock::time_point::max());
     co_await done_wake.async_wait(use_nothrow);
+  }
+  // Answers submitted but cut with the connection: their access lines (C32), not written.
+  for (const auto& [id, s] : streams) {
+    if (s->submitted) log_done(*s);
   }
 }
 

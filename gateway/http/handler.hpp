@@ -53,6 +53,10 @@ struct Exchange {
   /// The request's place in its route's max_in_flight (SPEC C53): held for as long as the
   /// exchange lives, the upstream call and record commit included.
   Admission::Ticket in_flight;
+  /// The most of a pass-through answer's body held before the rest follows as it arrives
+  /// (ForwardResult::tail, SPEC C38/C39): an HTTP/2 stream asks for `stream_buffer`, so that its
+  /// answers are not held whole; kHoldWhole leaves it to the route.
+  std::size_t pass_through_hold = std::numeric_limits<std::size_t>::max();
 };
 
 /// What the session writes back and logs (SPEC C32).
