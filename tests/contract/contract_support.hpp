@@ -61,6 +61,20 @@ inline RouteConfig route(std::string name, std::string path_prefix, std::string 
   return r;
 }
 
+/// The gateway of the HTTP/2 suites (SPEC C49–C51): a keyed route `keyed` on /pay, a
+/// pass-through route holding answers up to 1 KiB on /big, and pass-through for the rest, all
+/// to `upstream`, with `limits` (a flow mapping).
+inline GatewayConfig h2_gateway_config(const TestUpstream& upstream, const std::string& keyed,
+                                       std::string limits) {
+  GatewayConfig config;
+  config.upstreams = {{"up", {upstream.address()}}};
+  config.routes = {route(keyed, "/pay", "up", "required"),
+                   route("big", "/big", "up", "off", {"max_stored_response: 1KiB"}),
+                   route("all", "/", "up", "off")};
+  config.limits = std::move(limits);
+  return config;
+}
+
 /// A request in raw bytes. `Host` and `Content-Length` are added unless a field of that name
 /// (or Transfer-Encoding) is among `fields`.
 inline std::string raw_request(const std::string& method, const std::string& target,

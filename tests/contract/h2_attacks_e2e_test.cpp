@@ -28,17 +28,10 @@ struct AttackFixture {
   const SmallAsanQuarantine quarantine;  // RSS measures what the gateway holds (see its doc)
   TestUpstream upstream;
   std::string keyed = unique_route("h2_attacked");
-  Gateway gateway{[this] {
-    GatewayConfig config;
-    config.upstreams = {{"up", {upstream.address()}}};
-    config.routes = {route(keyed, "/pay", "up", "required"),
-                     route("big", "/big", "up", "off", {"max_stored_response: 1KiB"}),
-                     route("all", "/", "up", "off")};
-    config.limits =
-        "{ max_request_body: 64KiB, max_header_bytes: 4KiB, idle_timeout: 2s, "
-        "h2_max_concurrent_streams: 100, drain_timeout: 2s }";
-    return config;
-  }()};
+  Gateway gateway{h2_gateway_config(upstream, keyed,
+                                    "{ max_request_body: 64KiB, max_header_bytes: 4KiB, "
+                                    "idle_timeout: 2s, h2_max_concurrent_streams: 100, "
+                                    "drain_timeout: 2s }")};
 
   /// A well-behaved HTTP/1.1 request on another connection is answered.
   void others_are_answered(const std::string& what) {

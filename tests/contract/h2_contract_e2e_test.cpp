@@ -40,15 +40,8 @@ std::string lower(std::string s) {
 struct H2Fixture {
   TestUpstream upstream;
   std::string keyed = unique_route("h2_keyed");
-  Gateway gateway{[this] {
-    GatewayConfig config;
-    config.upstreams = {{"up", {upstream.address()}}};
-    config.routes = {route(keyed, "/pay", "up", "required"),
-                     route("big", "/big", "up", "off", {"max_stored_response: 1KiB"}),
-                     route("all", "/", "up", "off")};
-    config.limits = "{ max_request_body: 64KiB, max_header_bytes: 4KiB, drain_timeout: 10s }";
-    return config;
-  }()};
+  Gateway gateway{h2_gateway_config(
+      upstream, keyed, "{ max_request_body: 64KiB, max_header_bytes: 4KiB, drain_timeout: 10s }")};
 
   std::string url(const std::string& path) const {
     return "http://127.0.0.1:" + std::to_string(gateway.port()) + path;

@@ -36,6 +36,18 @@ std::string with_upstream_keys(std::string yaml, const std::string& name,
   return yaml;
 }
 
+// `yaml` with its listener made TLS with `pki`'s server certificate; `more` adds entries to the
+// `tls` mapping (e.g. `, alpn: [h2]`).
+std::string with_tls_listener(std::string yaml, const TestPki& pki, const std::string& more = "") {
+  const std::string listen = "listen: { address: 127.0.0.1, port: 0 }";
+  const auto at = yaml.find(listen);
+  if (at == std::string::npos) throw std::runtime_error("no plain listener in\n" + yaml);
+  yaml.replace(at, listen.size(),
+               "listen: { address: 127.0.0.1, port: 0, tls: { cert: \"" + pki.server_cert() +
+                   "\", key: \"" + pki.server_key() + "\"" + more + " } }");
+  return yaml;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(an_https_client_is_served_through_the_tls_listener) {
@@ -44,14 +56,7 @@ BOOST_AUTO_TEST_CASE(an_https_client_is_served_through_the_tls_listener) {
   GatewayConfig config;
   config.upstreams = {UpstreamConfig{"up", {upstream.address()}}};
   config.routes = {route("all", "/", "up")};
-  std::string yaml = config.render();
-  const std::string listen = "listen: { address: 127.0.0.1, port: 0 }";
-  const auto at = yaml.find(listen);
-  BOOST_TEST_REQUIRE(at != std::string::npos, yaml);
-  yaml.replace(at, listen.size(),
-               "listen: { address: 127.0.0.1, port: 0, tls: { cert: \"" + pki.server_cert() +
-                   "\", key: \"" + pki.server_key() + "\" } }");
-  OpsGateway gateway(yaml);
+  OpsGateway gateway(with_tls_listener(config.render(), pki));
 
   const auto res = https_request(gateway.port(), pki.ca_file(), {"GET", "/secure", {}, ""});
   BOOST_TEST(res.status == 201u, e2e::describe(res));
@@ -71,14 +76,10 @@ BOOST_AUTO_TEST_CASE(spec_C49_alpn_offers_h2_then_http1_on_the_tls_listener) {
   GatewayConfig config;
   config.upstreams = {UpstreamConfig{"up", {upstream.address()}}};
   config.routes = {route("all", "/", "up")};
-  const std::string listen = "listen: { address: 127.0.0.1, port: 0 }";
   const auto with_tls = [&](const std::string& alpn) {
-    std::string yaml = config.render();
-    yaml.replace(yaml.find(listen), listen.size(),
-                 "listen: { address: 127.0.0.1, port: 0, tls: { cert: \"" + pki.server_cert() +
-                     "\", key: \"" + pki.server_key() + "\"" + alpn + " } }");
-    return yaml;
+    return with_tls_listener(config.render(), pki, alpn);
   };
+
   // curl's %{http_version} of one GET over HTTPS, with `flag` choosing what curl offers.
   const auto version_of = [&](const OpsGateway& gateway, const std::string& flag) {
     const auto run =
