@@ -13,6 +13,17 @@ namespace idemgate::http {
 namespace bhttp = boost::beast::http;
 using common::log_json;
 
+RequestTimes times_of(std::chrono::steady_clock::time_point started) {
+  const auto elapsed = std::chrono::steady_clock::now() - started;
+  return {std::chrono::system_clock::now() -
+              std::chrono::duration_cast<std::chrono::system_clock::duration>(elapsed),
+          std::chrono::duration_cast<std::chrono::microseconds>(elapsed)};
+}
+
+double to_ms(std::chrono::microseconds us) {
+  return static_cast<double>(us.count()) / 1000.0;
+}
+
 void prepare_forwarded(bhttp::fields& fields, std::string_view client_ip, std::string_view proto) {
   strip_hop_by_hop(fields);
   fields.erase(bhttp::field::expect);

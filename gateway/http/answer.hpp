@@ -4,6 +4,7 @@
 // C53).
 
 #include <boost/asio/awaitable.hpp>
+#include <chrono>
 #include <memory>
 #include <string_view>
 
@@ -23,6 +24,16 @@ void prepare_forwarded(boost::beast::http::fields& fields, std::string_view clie
 Response shed_response(std::string detail, unsigned version, bool keep_alive);
 /// The detail of a 503 for a route at its `max_in_flight` (C53).
 std::string route_full_detail(const config::Route& route);
+
+/// When a request that began at `started` (steady clock) began on the wall clock, for its
+/// access line (C32), and how long it has taken until now.
+struct RequestTimes {
+  std::chrono::system_clock::time_point started_wall;
+  std::chrono::microseconds total;
+};
+RequestTimes times_of(std::chrono::steady_clock::time_point started);
+/// Microseconds as the access line's milliseconds.
+double to_ms(std::chrono::microseconds us);
 
 /// A request whose header and body are read and checked, routed (or not) under `config`.
 struct RoutedRequest {

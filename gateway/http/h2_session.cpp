@@ -618,19 +618,13 @@ void H2Connection::Impl::log_done(H2Stream& s) {
                       {"detail", s.cut},
                       {"request_id", s.request_id}});
   }
-  const auto elapsed = Clock::now() - s.started;
-  const auto started_wall =
-      std::chrono::system_clock::now() -
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(elapsed);
-  const auto total = std::chrono::duration_cast<std::chrono::microseconds>(elapsed);
+  const auto [started_wall, total] = times_of(s.started);
   const bool written =
       s.submitted && s.closed && s.close_error == NGHTTP2_NO_ERROR && s.cut.empty();
   const std::string_view route = s.route ? std::string_view(s.route->name) : "";
-  const std::string target(s.path);
-  common::log_access(started_wall, route, s.method, target, s.status, s.outcome, s.key_hash,
-                     static_cast<double>(s.upstream_time.count()) / 1000.0,
-                     static_cast<double>(total.count()) / 1000.0, client_ip, written, s.request_id,
-                     s.trace_id, s.submitted || written ? "" : "client_closed", "h2");
+  common::log_access(started_wall, route, s.method, s.path, s.status, s.outcome, s.key_hash,
+                     to_ms(s.upstream_time), to_ms(total), client_ip, written, s.request_id,
+                     s.trace_id, s.submitted ? "" : "client_closed", "h2");
   if (context->observers.request_done) {
     context->observers.request_done(route, s.outcome, s.upstream_time);
   }

@@ -98,24 +98,6 @@ beast::flat_buffer::mutable_buffers_type read_room(beast::flat_buffer& buffer) {
 constexpr auto kLingerTime = std::chrono::seconds(2);
 constexpr std::size_t kLingerMaxBytes = 1024 * 1024;
 
-/// The 503 of a request shed by a limit of SPEC §7 (C52, C53): `detail` names the limit.
-double to_ms(std::chrono::microseconds us) {
-  return static_cast<double>(us.count()) / 1000.0;
-}
-
-/// When a request that began at `started` (steady clock) began on the wall clock, for its
-/// access line, and how long it has taken until now.
-struct RequestTimes {
-  std::chrono::system_clock::time_point started_wall;
-  std::chrono::microseconds total;
-};
-RequestTimes times_of(Clock::time_point started) {
-  const auto elapsed = Clock::now() - started;
-  return {std::chrono::system_clock::now() -
-              std::chrono::duration_cast<std::chrono::system_clock::duration>(elapsed),
-          std::chrono::duration_cast<std::chrono::microseconds>(elapsed)};
-}
-
 /// `request_id` ("" when the request has none) replaces any such field of the upstream's or the
 /// stored response: the field names this request (conf/REFERENCE.md, "request_id").
 void finalize_response(Response& res, unsigned version, bool keep_alive, bool head,
