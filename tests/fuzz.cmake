@@ -23,6 +23,7 @@ idemgate_fuzz_replay(request_framing
 idemgate_fuzz_replay(upstream_response LIBS idemgate_http_rules)
 idemgate_fuzz_replay(stored_record LIBS idemgate_pg)
 idemgate_fuzz_replay(replay_marker LIBS idemgate_core)
+idemgate_fuzz_replay(h2_frames LIBS idemgate_h2_codec)
 
 # Each crash or hang the fuzzers found, as a unit test of the behaviour that replaced it.
 idemgate_test(fuzz_regression_test unit

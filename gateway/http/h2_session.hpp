@@ -9,31 +9,17 @@
 #include <string_view>
 
 #include "gateway/http/byte_stream.hpp"
+#include "gateway/http/h2_codec.hpp"
 
 namespace idemgate::http {
 
 struct SessionContext;
 
-/// The client connection preface (RFC 9113 §3.4).
-inline constexpr std::string_view kH2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// What the first bytes of a cleartext connection say about it (SPEC C49, prior knowledge).
-enum class PrefaceMatch {
-  http1,  ///< not the HTTP/2 preface: the connection speaks HTTP/1.1
-  h2,     ///< the whole preface: the connection speaks HTTP/2
-  more,   ///< a proper beginning of the preface: more bytes decide
-};
-PrefaceMatch match_h2_preface(std::string_view first_bytes);
-
 /// One HTTP/2 client connection, served on the io thread of its socket.
 ///
-/// - SETTINGS: `MAX_CONCURRENT_STREAMS` = `limits.h2_max_concurrent_streams` (streams past it
-///   are refused with REFUSED_STREAM by the codec), `MAX_HEADER_LIST_SIZE` =
-///   `limits.max_header_bytes`. A decoded header list over `max_header_bytes` (counted as its
-///   HTTP/1.1 lines would be) → 431 on that stream; a body over `max_request_body` → 413 (C04).
-/// - RFC 9113 §8 messaging (pseudo-header fields, connection-specific fields, `TE` other than
-///   `trailers`, a `content-length` that disagrees with the DATA) is checked by the codec: a
-///   stream error PROTOCOL_ERROR; nothing reaches the handler.
+/// - The codec and the bounds of C51 are H2Codec's (gateway/http/h2_codec.hpp). A decoded
+///   header list over `max_header_bytes` → 431 on that stream; a body over `max_request_body`
+///   → 413 (C04).
 /// - A stream's request, once whole, is routed and handled as RequestHandler::handle() an
 ///   HTTP/1.1 request; `:authority` serves as `Host`, `cookie` fields are joined with "; "
 ///   (RFC 9113 §8.2.3). A response body the handler did not hold (C39) follows as it arrives,
