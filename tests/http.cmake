@@ -6,3 +6,4 @@ idemgate_test(proxy_e2e_test e2e SOURCES http/proxy_e2e_test.cpp LIBS idemgate_h
 idemgate_test(upstream_response_test unit SOURCES unit/upstream_response_test.cpp LIBS idemgate_http_rules)
 idemgate_test(json_log_test unit SOURCES unit/json_log_test.cpp LIBS idemgate_http)
 idemgate_test(request_id_test unit SOURCES unit/request_id_test.cpp LIBS idemgate_http_rules)
+idemgate_test(h2_codec_test unit SOURCES unit/h2_codec_test.cpp LIBS idemgate_h2_codec idemgate_test_support)

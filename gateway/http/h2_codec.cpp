@@ -65,10 +65,13 @@ struct H2Codec::Callbacks {
     // the streams it opened while their work goes on; more running than it may have open is
     // that. A client that cancels a stream may open another at once while the first one's
     // handler winds down: kRunningFactor × the limit leaves it that much room.
+    // The stream is not served: GOAWAY names the stream before it as the last one (RFC 9113
+    // §6.8), so that the client knows this one never ran; no state is kept for it.
     if (self.running_ >= kRunningFactor * self.limits().h2_max_concurrent_streams) {
       self.calm_down("rapid_reset",
-                     "more streams in progress than h2_max_concurrent_streams (reset early)");
-      return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+                     "more streams in progress than h2_max_concurrent_streams (reset early)",
+                     std::max(frame->hd.stream_id - 2, 0));
+      return 0;
     }
     auto s = std::make_shared<H2Stream>();
     s->id = frame->hd.stream_id;
@@ -434,11 +437,16 @@ bool H2Codec::pay_flood() {
   return flood_tokens_ >= 0;
 }
 
-void H2Codec::calm_down(std::string_view reason, std::string_view why) {
+void H2Codec::calm_down(std::string_view reason, std::string_view why,
+                        std::optional<std::int32_t> last_stream) {
   if (calm_ || stopped_) return;
   calm_ = true;
   events_.calmed(reason, why);
-  nghttp2_session_terminate_session(session_, NGHTTP2_ENHANCE_YOUR_CALM);
+  if (last_stream) {
+    nghttp2_session_terminate_session2(session_, *last_stream, NGHTTP2_ENHANCE_YOUR_CALM);
+  } else {
+    nghttp2_session_terminate_session(session_, NGHTTP2_ENHANCE_YOUR_CALM);
+  }
   events_.wants_write();
 }
 

@@ -204,7 +204,9 @@ class H2Codec {
   void start(H2Stream& stream);
   void admit();
   void release(H2Stream& stream);
-  void calm_down(std::string_view reason, std::string_view why);
+  /// GOAWAY ENHANCE_YOUR_CALM naming `last_stream` (default: the last stream processed).
+  void calm_down(std::string_view reason, std::string_view why,
+                 std::optional<std::int32_t> last_stream = std::nullopt);
   bool pay_flood();
 
   Snapshot snapshot_;

@@ -123,6 +123,22 @@ std::uint32_t Frame::error_code() const {
   return 0;
 }
 
+std::optional<Frame> take_frame(std::string& bytes) {
+  if (bytes.size() < 9) return std::nullopt;
+  const std::size_t length =
+      (static_cast<std::size_t>(static_cast<unsigned char>(bytes[0])) << 16) |
+      (static_cast<std::size_t>(static_cast<unsigned char>(bytes[1])) << 8) |
+      static_cast<std::size_t>(static_cast<unsigned char>(bytes[2]));
+  if (bytes.size() < 9 + length) return std::nullopt;
+  Frame f;
+  f.type = static_cast<std::uint8_t>(bytes[3]);
+  f.flags = static_cast<std::uint8_t>(bytes[4]);
+  f.stream = get32(std::string_view(bytes).substr(5)) & 0x7fffffffU;
+  f.payload = bytes.substr(9, length);
+  bytes.erase(0, 9 + length);
+  return f;
+}
+
 Connection::Connection(std::uint16_t port) {
   fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd_ < 0) throw std::system_error(errno, std::generic_category(), "socket");
@@ -156,21 +172,7 @@ bool Connection::send(std::string_view bytes) {
 std::optional<Frame> Connection::read(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    if (in_.size() >= 9) {
-      const std::size_t length =
-          (static_cast<std::size_t>(static_cast<unsigned char>(in_[0])) << 16) |
-          (static_cast<std::size_t>(static_cast<unsigned char>(in_[1])) << 8) |
-          static_cast<std::size_t>(static_cast<unsigned char>(in_[2]));
-      if (in_.size() >= 9 + length) {
-        Frame f;
-        f.type = static_cast<std::uint8_t>(in_[3]);
-        f.flags = static_cast<std::uint8_t>(in_[4]);
-        f.stream = get32(std::string_view(in_).substr(5)) & 0x7fffffffU;
-        f.payload = in_.substr(9, length);
-        in_.erase(0, 9 + length);
-        return f;
-      }
-    }
+    if (auto f = take_frame(in_)) return f;
     if (closed_) return std::nullopt;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());

@@ -62,6 +62,9 @@ struct Frame {
   std::uint32_t error_code() const;
 };
 
+/// Takes the first whole frame off the front of `bytes` (nullopt: not all of it is there yet).
+std::optional<Frame> take_frame(std::string& bytes);
+
 /// What the gateway did with a connection, read until it ended or a deadline passed.
 struct Ending {
   std::optional<std::uint32_t> goaway;  ///< the GOAWAY's error code, when one came
