@@ -8,7 +8,9 @@
 //   bits 0-1: the size of the pieces the bytes are read in (1, 7, 64, or all at once);
 //   bit 2: answers follow in three pieces (a passed-through body, C39) instead of held whole;
 //   bit 3: handlers are slow: requests are answered only every fourth read (Rapid Reset);
-//   bit 4: halfway, the requests whose bodies stopped arriving are reset (C07 per stream).
+//   bit 4: halfway, the requests whose bodies stopped arriving are reset (C07 per stream);
+//   bit 5: bodies are streamed (C50): requests are handed out at their header and their bodies
+//          taken as they arrive, never more than the stream's window of them held.
 // Hand-written seeds are in fuzz/corpus/h2_frames/ (made by fuzz/h2_seeds.py).
 
 #include <algorithm>
@@ -51,6 +53,13 @@ std::shared_ptr<const config::Config> fuzz_config() {
 struct Driver final : http::H2Events {
   std::vector<std::shared_ptr<http::H2Stream>> ready;
   std::size_t calms = 0;
+  bool stream_bodies = false;
+
+  bool streams_body(http::H2Stream& s) override {
+    check(!s.answering && !s.streaming, "a stream is offered for streaming once");
+    // As the connection does: only a request that would be routed is streamed.
+    return stream_bodies && !http::assemble_request(s);
+  }
 
   void request_ready(std::shared_ptr<http::H2Stream> s) override {
     check(s->answering && !s->submitted, "a request is handed out once, before its answer");
@@ -92,6 +101,17 @@ void check_bounds(const http::H2Codec& codec, const Driver& driver) {
   }
 }
 
+/// Takes what a streaming stream's body brought, as the upstream writer does; true once the
+/// body has ended (or will not go on).
+bool take_upload(http::H2Codec& codec, http::H2Stream& s) {
+  const std::size_t window = std::max<std::size_t>(1024, http::h2_bounds::kStreamWindow);
+  check(s.upload.size() <= window, "a streamed body holds no more than its window");
+  std::string piece;
+  codec.take_body(s, piece);
+  check(s.upload.empty(), "taking the body empties it");
+  return s.upload_done || s.closed || s.upload_discarded || s.upload_too_large;
+}
+
 void answer(http::H2Codec& codec, const std::shared_ptr<http::H2Stream>& s, bool streamed,
             std::vector<Answering>& pumping) {
   auto reject = http::assemble_request(*s);
@@ -107,7 +127,7 @@ void answer(http::H2Codec& codec, const std::shared_ptr<http::H2Stream>& s, bool
     check(s->header_bytes <= kMaxHeader, "a routed header list is within max_header_bytes");
     check(!s->method.empty() && !s->path.empty(), "a routed request has :method and :path");
     check(s->request.count(bhttp::field::host) <= 1, "one Host at most");
-    if (s->request.has_content_length()) {
+    if (s->request.has_content_length() && !s->streaming) {
       check(s->request[bhttp::field::content_length] == std::to_string(s->request.body().size()),
             "Content-Length is the body received");
     }
@@ -179,10 +199,24 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   Driver driver;
   http::H2Codec codec([cfg] { return cfg; }, driver);
   std::vector<Answering> pumping;
+  driver.stream_bodies = (options & 32) != 0;
+  std::vector<std::shared_ptr<http::H2Stream>> uploading;
   const auto answer_ready = [&] {
     auto batch = std::move(driver.ready);
     driver.ready.clear();
-    for (const auto& s : batch) answer(codec, s, streamed, pumping);
+    for (auto& s : batch) {
+      if (s->streaming) {
+        uploading.push_back(std::move(s));
+      } else {
+        answer(codec, s, streamed, pumping);
+      }
+    }
+    // A streamed request is answered once its body has gone up.
+    std::erase_if(uploading, [&](const std::shared_ptr<http::H2Stream>& s) {
+      if (!take_upload(codec, *s)) return false;
+      answer(codec, s, streamed, pumping);
+      return true;
+    });
   };
 
   bool open = codec.receive(http::kH2Preface.data(), http::kH2Preface.size());
@@ -205,6 +239,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   // The client stops sending: every handler ends, every answer is given its pieces.
   answer_ready();
+  for (auto& s : uploading) answer(codec, s, streamed, pumping);
+  uploading.clear();
   for (int round = 0; round < 16 && flush(codec); ++round) {
     pump(codec, pumping);
     answer_ready();

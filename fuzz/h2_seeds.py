@@ -90,6 +90,12 @@ def seeds():
         HEADERS, END_HEADERS | END_STREAM, 1,
         b"\x42\x04HEAD" + SCHEME_HTTP + PATH_ROOT + literal(1, "a.example") +
         literal(32, "a=1") + literal(32, "b=2"))
+    yield "streamed_upload", 2 | 32, SETTINGS_EMPTY + frame(
+        HEADERS, END_HEADERS, 1, request(POST, "/upload")) + b"".join(
+            frame(DATA, 0, 1, b"u" * 4000) for _ in range(6)) + frame(DATA, END_STREAM, 1, b"end")
+    yield "streamed_upload_reset", 3 | 32 | 8, SETTINGS_EMPTY + frame(
+        HEADERS, END_HEADERS, 1, request(POST, "/upload", extra=literal(28, "100000"))) + frame(
+            DATA, 0, 1, b"v" * 5000) + frame(RST_STREAM, 0, 1, struct.pack(">I", 8))
     yield "goaway", 3, SETTINGS_EMPTY + frame(HEADERS, END_HEADERS | END_STREAM, 1, request()) + frame(
         GOAWAY, 0, 0, struct.pack(">II", 1, 0))
 

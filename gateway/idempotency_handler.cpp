@@ -118,7 +118,8 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::pass_through(http::Exch
                                                                       const char* outcome) {
   http::ForwardResult fwd = co_await forwarder_.forward(
       *exchange.upstream, std::move(exchange.request),
-      std::min(exchange.route->idempotency.max_stored_response, exchange.pass_through_hold));
+      std::min(exchange.route->idempotency.max_stored_response, exchange.pass_through_hold),
+      std::move(exchange.body_source));
   http::HandlerResult result;
   result.tail = std::move(fwd.tail);
   result.outcome = fwd.kind == http::ForwardResult::Kind::response ? outcome : "upstream_error";

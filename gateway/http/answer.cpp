@@ -73,10 +73,13 @@ boost::asio::awaitable<HandlerResult> answer_routed(RequestHandler& handler, Rou
   Request& request = in.request;
   const bool framed = request.has_content_length() || request.chunked();
   prepare_forwarded(request.base(), in.client_ip, in.proto);
-  if (framed || !request.body().empty()) request.content_length(request.body().size());
+  if (!in.body_source && (framed || !request.body().empty())) {
+    request.content_length(request.body().size());
+  }
   const config::Route& route = *in.route;
-  Exchange exchange{std::move(request), std::move(in.config),    &route,
-                    &upstream->second,  std::move(in.in_flight), in.pass_through_hold};
+  Exchange exchange{std::move(request),       std::move(in.config),    &route,
+                    &upstream->second,        std::move(in.in_flight), in.pass_through_hold,
+                    std::move(in.body_source)};
   std::string failure;
   try {
     co_return co_await handler.handle(std::move(exchange));

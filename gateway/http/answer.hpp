@@ -43,9 +43,10 @@ struct RoutedRequest {
   Admission::Ticket in_flight;           ///< the request's place in max_in_flight (C53)
   bool shed = false;                     ///< the route was at max_in_flight
   std::string_view client_ip;
-  std::string_view proto;                      ///< `http` or `https`, for X-Forwarded-Proto
-  std::string_view request_id;                 ///< for the log line of a handler that failed
-  std::size_t pass_through_hold = kHoldWhole;  ///< Exchange::pass_through_hold
+  std::string_view proto;                            ///< `http` or `https`, for X-Forwarded-Proto
+  std::string_view request_id;                       ///< for the log line of a handler that failed
+  std::size_t pass_through_hold = kHoldWhole;        ///< Exchange::pass_through_hold
+  std::shared_ptr<RequestBodySource> body_source{};  ///< Exchange::body_source
 };
 
 /// What the gateway answers `in`: 503 when shed, 404 `route-not-found` when no route matched,

@@ -141,9 +141,28 @@ struct H2Codec::Callbacks {
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
     if (frame->hd.type == NGHTTP2_HEADERS) self.filler_bytes_ = 0;
     H2Stream* s = self.stream_of(frame->hd.stream_id);
-    if (!s || s->answering) return 0;
+    if (!s) return 0;
+    const bool end_stream = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+    if (s->streaming) {
+      if (end_stream) {
+        s->upload_done = true;
+        self.events_.body_arrived(*s);
+      }
+      return 0;
+    }
+    if (s->answering) return 0;
     // A header list past the limit is answered at once (431): its body is not needed.
-    if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0 || s->header_too_large) self.start(*s);
+    if (end_stream || s->header_too_large) {
+      self.start(*s);
+    } else if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST &&
+               self.events_.streams_body(*s)) {
+      s->streaming = true;
+      // C50: a streamed body may have stream_buffer bytes on the way (the window), no more.
+      const auto window = static_cast<std::int32_t>(std::min<std::size_t>(
+          std::max<std::size_t>(s->config->limits.stream_buffer, kStreamWindow), INT32_MAX));
+      nghttp2_session_set_local_window_size(self.session_, NGHTTP2_FLAG_NONE, s->id, window);
+      self.start(*s);
+    }
     return 0;
   }
 
@@ -153,6 +172,26 @@ struct H2Codec::Callbacks {
     // The connection's window is always given back: only streams wait for theirs.
     nghttp2_session_consume_connection(session, len);
     H2Stream* s = self.stream_of(stream_id);
+    if (s && s->streaming && (s->upload_discarded || s->upload_too_large)) {
+      nghttp2_session_consume_stream(session, stream_id, len);
+      return 0;
+    }
+    if (s && s->streaming) {
+      // Held until the upstream takes it; the stream's window is given back then (C50).
+      s->upload.append(reinterpret_cast<const char*>(data), len);
+      s->upload_total += len;
+      s->last_progress = Clock::now();
+      self.filler_bytes_ = 0;
+      const std::size_t max = s->config->limits.max_streamed_body;
+      if (max > 0 && s->upload_total > max) {
+        s->upload_too_large = true;
+        s->upload.clear();
+        nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, stream_id, NGHTTP2_CANCEL);
+        self.events_.wants_write();
+      }
+      self.events_.body_arrived(*s);
+      return 0;
+    }
     if (!s || s->answering) {  // answered early: the rest is read and dropped
       nghttp2_session_consume_stream(session, stream_id, len);
       return 0;
@@ -193,6 +232,29 @@ struct H2Codec::Callbacks {
     s->close_error = error_code;
     if (!s->answering) self.release(*s);  // reset before its request was whole
     self.events_.stream_closed(*s);
+    if (s->streaming) self.events_.body_arrived(*s);
+    return 0;
+  }
+
+  static int on_frame_send(nghttp2_session* session, const nghttp2_frame* frame, void* user_data) {
+    H2Codec& self = of(user_data);
+    if ((frame->hd.type != NGHTTP2_DATA && frame->hd.type != NGHTTP2_HEADERS) ||
+        (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) == 0) {
+      return 0;
+    }
+    // The whole answer went out before the whole body came in (C47): the body is not needed.
+    // RFC 9113 §8.1 lets the server ask for that with RST_STREAM NO_ERROR, but curl 7.88 then
+    // spins without end; the rest is read and dropped instead, as over HTTP/1.1.
+    H2Stream* s = self.stream_of(frame->hd.stream_id);
+    if (s && s->streaming && !s->upload_done && !s->upload_discarded) {
+      s->upload_discarded = true;
+      if (!s->upload.empty()) {
+        nghttp2_session_consume_stream(session, s->id, s->upload.size());
+        s->upload.clear();
+      }
+      self.events_.body_arrived(*s);
+      self.events_.wants_write();
+    }
     return 0;
   }
 
@@ -232,6 +294,7 @@ H2Codec::H2Codec(Snapshot snapshot, H2Events& events)
   nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, &Callbacks::on_frame_recv);
   nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, &Callbacks::on_data_chunk);
   nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, &Callbacks::on_stream_close);
+  nghttp2_session_callbacks_set_on_frame_send_callback(callbacks, &Callbacks::on_frame_send);
   nghttp2_option* option = nullptr;
   if (nghttp2_option_new(&option) != 0) {
     nghttp2_session_callbacks_del(callbacks);
@@ -344,6 +407,15 @@ void H2Codec::release(H2Stream& s) {
   admitted_bytes_ -= std::min(admitted_bytes_, s.reserved);
   s.reserved = 0;
   admit();
+}
+
+void H2Codec::take_body(H2Stream& s, std::string& piece) {
+  piece.clear();
+  piece.swap(s.upload);
+  if (!piece.empty() && !s.closed) {
+    nghttp2_session_consume_stream(session_, s.id, piece.size());
+    events_.wants_write();
+  }
 }
 
 void H2Codec::finished(H2Stream& s) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "gateway/config/config.hpp"
 #include "gateway/http/handler.hpp"
@@ -81,11 +82,19 @@ struct H2Stream {
   std::size_t reserved = 0;         ///< bytes reserved for its body while admitted
   std::size_t window_owed = 0;      ///< DATA received before admission, window not given back
   bool body_too_large = false;
-  bool framed = false;            ///< DATA frames or a content-length came: the body is framed
-  bool answering = false;         ///< the request is whole (or refused): its answer is under way
-  bool submitted = false;         ///< the response header went to the codec
-  bool closed = false;            ///< the codec closed the stream (done, or reset by either side)
-  std::uint32_t close_error = 0;  ///< the RFC 9113 §7 error code it closed with
+  /// The body follows the request to the upstream as it arrives (C50): the stream was handed
+  /// out at its header, and `upload` holds what came and was not taken yet (take_body()).
+  bool streaming = false;
+  std::string upload;
+  std::uint64_t upload_total = 0;  ///< body bytes received so far (max_streamed_body)
+  bool upload_done = false;        ///< the body has ended (END_STREAM)
+  bool upload_too_large = false;   ///< it passed max_streamed_body: the stream was reset
+  bool upload_discarded = false;   ///< answered before it ended: the rest is read and dropped
+  bool framed = false;             ///< DATA frames or a content-length came: the body is framed
+  bool answering = false;          ///< the request is whole (or refused): its answer is under way
+  bool submitted = false;          ///< the response header went to the codec
+  bool closed = false;             ///< the codec closed the stream (done, or reset by either side)
+  std::uint32_t close_error = 0;   ///< the RFC 9113 §7 error code it closed with
   // The response body: held whole, or the next piece of one that follows (C39).
   std::string out;
   std::size_t out_sent = 0;
@@ -126,6 +135,12 @@ class H2Events {
   virtual void calmed(std::string_view reason, std::string_view why) = 0;
   /// There are frames to send.
   virtual void wants_write() = 0;
+  /// Asked once a request's header has come and its body is still to come: true hands the
+  /// stream out at once (request_ready), its body then following through take_body() as it
+  /// arrives (C50); false holds the body until it ends (bounded by max_request_body).
+  virtual bool streams_body(H2Stream& /*stream*/) { return false; }
+  /// Body bytes, its end, or a reset came for a streaming stream.
+  virtual void body_arrived(H2Stream& /*stream*/) {}
 };
 
 /// One HTTP/2 server connection's codec state (RFC 9113), without I/O.
@@ -172,6 +187,9 @@ class H2Codec {
   void more(H2Stream& stream);
   /// Resets `stream` with `error_code` (RFC 9113 §7).
   void reset(H2Stream& stream, std::uint32_t error_code);
+  /// Moves what a streaming stream's body has brought into `piece` and gives the client that
+  /// much window again (flow control is the backpressure: at most kStreamWindow bytes wait).
+  void take_body(H2Stream& stream, std::string& piece);
   /// The handler of a request_ready() stream is done: its body's reservation is free.
   void finished(H2Stream& stream);
   /// Server stop: GOAWAY with the last stream id served; open streams go on.

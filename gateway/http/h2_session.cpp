@@ -5,6 +5,8 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/beast/http/error.hpp>
+#include <charconv>
 #include <chrono>
 #include <exception>
 #include <optional>
@@ -58,6 +60,8 @@ struct H2Connection::Impl : H2Events, std::enable_shared_from_this<H2Connection:
   std::optional<H2Codec> codec;
   /// The timers of the streams whose answers follow in pieces (pump), by stream id.
   std::unordered_map<std::int32_t, asio::steady_timer*> pumps;
+  /// The timers of the streams whose bodies go up as they arrive (H2BodySource), by stream id.
+  std::unordered_map<std::int32_t, asio::steady_timer*> uploads;
   asio::steady_timer write_wake;
   asio::steady_timer idle_timer;
   asio::steady_timer done_wake;
@@ -109,7 +113,89 @@ struct H2Connection::Impl : H2Events, std::enable_shared_from_this<H2Connection:
   void wants_write() override {
     if (writer_waits) write_wake.cancel();
   }
+  bool streams_body(H2Stream& s) override;
+  void body_arrived(H2Stream& s) override {
+    const auto it = uploads.find(s.id);
+    if (it != uploads.end()) it->second->cancel();
+  }
 };
+
+/// A streaming stream's body for the upstream (SPEC C50): each piece is what arrived since the
+/// last one, taken once the last piece went out, so that the client's window is the bound.
+class H2BodySource final : public RequestBodySource {
+ public:
+  H2BodySource(std::shared_ptr<H2Connection::Impl> connection, std::shared_ptr<H2Stream> stream)
+      : connection_(std::move(connection)), stream_(std::move(stream)) {}
+
+  asio::awaitable<boost::system::error_code> next(std::string& piece, bool& done) override {
+    auto& c = *connection_;
+    H2Stream& s = *stream_;
+    asio::steady_timer wake(c.stream.get_executor());
+    c.uploads[s.id] = &wake;
+    const auto idle = std::chrono::duration_cast<Clock::duration>(s.config->limits.idle_timeout);
+    boost::system::error_code ec;
+    for (;;) {
+      if (s.upload_too_large) {
+        ec = bhttp::error::body_limit;
+        break;
+      }
+      if (s.upload_discarded) {  // answered already (C47): the upstream gets no more
+        ec = asio::error::operation_aborted;
+        break;
+      }
+      if (!s.upload.empty() || s.upload_done) {
+        c.codec->take_body(s, piece);
+        done = s.upload_done;
+        break;
+      }
+      if (s.closed || c.failed) {
+        ec = asio::error::connection_reset;
+        break;
+      }
+      // C07: a body that stops arriving for idle_timeout is cut.
+      if (Clock::now() >= s.last_progress + idle) {
+        c.codec->reset(s, NGHTTP2_CANCEL);
+        ec = asio::error::timed_out;
+        break;
+      }
+      wake.expires_at(s.last_progress + idle);
+      co_await wake.async_wait(use_nothrow);
+    }
+    c.uploads.erase(s.id);
+    if (ec && ec != asio::error::operation_aborted && s.cut.empty()) {
+      s.cut = ec == bhttp::error::body_limit
+                  ? "the request body exceeds max_streamed_body (" +
+                        std::to_string(s.config->limits.max_streamed_body) + " bytes)"
+                  : "reading the request body failed: " + ec.message();
+    }
+    co_return ec;
+  }
+
+ private:
+  std::shared_ptr<H2Connection::Impl> connection_;
+  std::shared_ptr<H2Stream> stream_;
+};
+
+bool H2Connection::Impl::streams_body(H2Stream& s) {
+  if (!context->handler->streaming_pool()) return false;
+  const auto& limits = s.config->limits;
+  // A short body of known length is held: it may go out on a pooled connection, and again
+  // after a stale one (C08).
+  const auto field = s.request[bhttp::field::content_length];
+  std::uint64_t declared = 0;
+  const auto [end, ec] = std::from_chars(field.data(), field.data() + field.size(), declared);
+  if (!field.empty() && ec == std::errc() && end == field.data() + field.size() &&
+      declared <= std::min(limits.stream_buffer, limits.max_request_body)) {
+    return false;
+  }
+  if (assemble_request(s)) return false;  // refused: answered once the body has come
+  const Request& req = s.request;
+  const std::string_view t(req.target().data(), req.target().size());
+  const config::Route* route =
+      match(*s.config, req[bhttp::field::host], target_path(t), req.method_string());
+  if (!route || !s.config->upstreams.contains(route->upstream)) return false;
+  return !context->handler->holds(*route, req.base());
+}
 
 asio::awaitable<void> H2Connection::Impl::serve(std::shared_ptr<Impl> keep,
                                                 std::shared_ptr<H2Stream> s) {
@@ -149,6 +235,7 @@ asio::awaitable<void> H2Connection::Impl::serve(std::shared_ptr<Impl> keep,
     // A named argument: GCC 12 destroys a braced temporary in a co_await expression twice.
     RoutedRequest routed{std::move(req), s->config, s->route,      std::move(in_flight),    shed,
                          client_ip,      proto,     s->request_id, cfg.limits.stream_buffer};
+    if (s->streaming) routed.body_source = std::make_shared<H2BodySource>(shared_from_this(), s);
     result = co_await answer_routed(*context->handler, std::move(routed), 11, keep_alive);
   }
   s->status = result.response.result_int();
@@ -313,6 +400,7 @@ void H2Connection::Impl::shut() {
   idle_timer.cancel();
   done_wake.cancel();
   for (auto& [id, wake] : pumps) wake->cancel();
+  for (auto& [id, wake] : uploads) wake->cancel();
 }
 
 asio::awaitable<void> H2Connection::Impl::run(beast::flat_buffer& buffer) {

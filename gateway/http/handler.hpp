@@ -7,6 +7,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
+#include <boost/system/error_code.hpp>
 #include <chrono>
 #include <cstddef>
 #include <functional>
@@ -44,6 +45,18 @@ struct ForwardResult {
   std::chrono::microseconds upstream_time{0};
 };
 
+/// A request body that follows the header as it arrives (an HTTP/2 upload on a pass-through
+/// route, SPEC C50): the upstream gets it piece by piece, each piece read once it has gone out.
+class RequestBodySource {
+ public:
+  virtual ~RequestBodySource() = default;
+  /// The next piece into `piece` (its old contents replaced; empty with `done` at the end).
+  /// An error: the client reset the stream or sent nothing for `idle_timeout`, or the body
+  /// passed `max_streamed_body`; the upstream then gets no more.
+  virtual boost::asio::awaitable<boost::system::error_code> next(std::string& piece,
+                                                                 bool& done) = 0;
+};
+
 /// The request as the handler sees it, with the route already chosen.
 struct Exchange {
   Request request;  ///< hop-by-hop fields removed, X-Forwarded-*/Via added, body decoded
@@ -57,6 +70,9 @@ struct Exchange {
   /// (ForwardResult::tail, SPEC C38/C39): an HTTP/2 stream asks for `stream_buffer`, so that its
   /// answers are not held whole; kHoldWhole leaves it to the route.
   std::size_t pass_through_hold = std::numeric_limits<std::size_t>::max();
+  /// Set when the body follows as it arrives (`request` then has no body): only a request the
+  /// handler does not hold (holds() false) comes with one.
+  std::shared_ptr<RequestBodySource> body_source{};
 };
 
 /// What the session writes back and logs (SPEC C32).
@@ -84,10 +100,12 @@ class Forwarder {
   /// Sends `request` to one of `upstream`'s servers and reads the response within the
   /// upstream's timeouts. A response body longer than `hold_limit` bytes is not read whole:
   /// the result carries its header and a ResponseTail (SPEC C39). Never throws for network
-  /// errors; see ForwardResult::Kind.
-  virtual boost::asio::awaitable<ForwardResult> forward(const config::Upstream& upstream,
-                                                        Request request,
-                                                        std::size_t hold_limit) = 0;
+  /// errors; see ForwardResult::Kind. With `body`, the request's body comes from it as it
+  /// arrives (Content-Length kept when the request has one, else chunked) on a fresh
+  /// connection, never retried (C08).
+  virtual boost::asio::awaitable<ForwardResult> forward(
+      const config::Upstream& upstream, Request request, std::size_t hold_limit,
+      std::shared_ptr<RequestBodySource> body = nullptr) = 0;
 };
 
 class UpstreamPool;

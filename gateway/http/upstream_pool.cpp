@@ -10,9 +10,11 @@
 #include <boost/asio/ssl/context.hpp>
 #include <boost/asio/ssl/host_name_verification.hpp>
 #include <boost/asio/ssl/stream_base.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
@@ -70,6 +72,11 @@ struct UpstreamPool::Wire {
   Lease lease;
   bool writing = true;  ///< the request is still being written
   boost::system::error_code write_error;
+  // A request whose body follows as it arrives (RequestBodySource): the response header is
+  // awaited from the end of the request on, for request_timeout (as relay() does, C05).
+  bool answered = false;   ///< the response header arrived (or reading it failed)
+  bool timed_out = false;  ///< no response header within request_timeout of the request's end
+  std::optional<asio::steady_timer> head_deadline;
 };
 
 struct UpstreamPool::Attempt {
@@ -183,6 +190,53 @@ asio::awaitable<void> write_request(std::shared_ptr<UpstreamPool::Wire> wire,
   auto [ec, n] = co_await bhttp::async_write(stream, *request, use_nothrow);
   wire->write_error = ec;
   wire->writing = false;
+}
+
+// A request whose body comes from `source` as it arrives (SPEC C50), each write within the
+// upstream's `idle_timeout`; Content-Length framing when the request has one, else chunked.
+// A source that fails (the client left or stalled) closes the connection: the upstream gets a
+// visibly incomplete request. Once it is all out, the response header has `request_timeout`.
+asio::awaitable<void> write_streamed_request(std::shared_ptr<UpstreamPool::Wire> wire,
+                                             std::shared_ptr<const Request> request,
+                                             std::shared_ptr<RequestBodySource> source,
+                                             config::Duration idle_timeout,
+                                             config::Duration request_timeout) {
+  ByteStream stream = UpstreamPool::stream_of(*wire->lease.connection);
+  bhttp::request<bhttp::buffer_body> out{request->base()};
+  out.body().data = nullptr;
+  out.body().size = 0;
+  out.body().more = true;
+  bhttp::request_serializer<bhttp::buffer_body> sr{out};
+  stream.tcp().expires_after(idle_timeout);
+  auto [ec, n] = co_await bhttp::async_write_header(stream, sr, use_nothrow);
+  std::string piece;
+  bool done = false;
+  while (!ec && !done) {
+    if (const auto sec = co_await source->next(piece, done)) {
+      wire->write_error = sec;
+      wire->writing = false;
+      if (wire->lease.connection) wire->lease.connection->tcp().close();
+      co_return;
+    }
+    if (!wire->lease.connection || !wire->writing) co_return;  // the exchange is over
+    out.body().data = piece.empty() ? nullptr : piece.data();
+    out.body().size = piece.size();
+    out.body().more = !done;
+    stream.tcp().expires_after(idle_timeout);
+    auto [wec, wn] = co_await bhttp::async_write(stream, sr, use_nothrow);
+    ec = wec == bhttp::error::need_buffer ? boost::system::error_code() : wec;
+  }
+  wire->write_error = ec;
+  wire->writing = false;
+  if (wire->answered || !wire->lease.connection) co_return;
+  // A failed write ends nothing by itself: the upstream may have answered (C47).
+  auto& deadline = wire->head_deadline.emplace(stream.get_executor());
+  deadline.expires_after(request_timeout);
+  auto [tec] = co_await deadline.async_wait(use_nothrow);
+  if (!tec && !wire->answered && wire->lease.connection) {
+    wire->timed_out = true;
+    wire->lease.connection->tcp().close();
+  }
 }
 
 // `upstream` must stay valid until the returned awaitable completes.
@@ -414,21 +468,37 @@ void ResponseTail::finish() {
 
 asio::awaitable<UpstreamPool::Attempt> UpstreamPool::exchange(
     std::shared_ptr<Wire> wire, std::shared_ptr<const Request> request,
-    const config::Upstream& upstream, bool head, std::size_t hold_limit) {
+    const config::Upstream& upstream, bool head, std::size_t hold_limit,
+    std::shared_ptr<RequestBodySource> request_body) {
   Attempt attempt;
   Connection& connection = *wire->lease.connection;
   ByteStream stream = stream_of(connection);
-  // One deadline for writing the request and reading the held response, set before either
-  // starts (it is per direction once they run).
-  connection.tcp().expires_after(upstream.request_timeout);
-  asio::co_spawn(executor_, write_request(wire, request),
-                 common::log_on_exception("upstream request write failed"));
+  const bool streamed_body = request_body != nullptr;
+  if (request_body) {
+    // Each write within idle_timeout; the header's deadline starts once the body is out. The
+    // writer may run at once up to its first write: the read's expiry is cleared after it.
+    asio::co_spawn(executor_,
+                   write_streamed_request(wire, request, std::move(request_body),
+                                          upstream.idle_timeout, upstream.request_timeout),
+                   common::log_on_exception("upstream request write failed"));
+    connection.tcp().expires_never();
+  } else {
+    // One deadline for writing the request and reading the held response, set before either
+    // starts (it is per direction once they run).
+    connection.tcp().expires_after(upstream.request_timeout);
+    asio::co_spawn(executor_, write_request(wire, request),
+                   common::log_on_exception("upstream request write failed"));
+  }
 
   // Bounded: a chunk-size line or trailer section from the upstream must fit in it along with
   // the header section.
   beast::flat_buffer buffer{2 * kMaxResponseHeaderBytes};
   std::unique_ptr<StreamResponseParser> parser;
   const ResponseHead got = co_await read_response_head(stream, buffer, parser, head, false);
+  wire->answered = true;
+  if (wire->head_deadline) wire->head_deadline->cancel();
+  // The rest of a streamed request's response: within request_timeout of its header.
+  if (streamed_body && !got.error) connection.tcp().expires_after(upstream.request_timeout);
   const auto fail = [&](Attempt::Kind kind, std::string detail) {
     attempt.kind = kind;
     attempt.detail = std::move(detail);
@@ -437,7 +507,7 @@ asio::awaitable<UpstreamPool::Attempt> UpstreamPool::exchange(
   };
   if (got.error) {
     auto kind = Attempt::Kind::failed;
-    if (got.error == beast::error::timeout) {
+    if (got.error == beast::error::timeout || wire->timed_out) {
       kind = Attempt::Kind::timed_out;
     } else if (!got.got_bytes && closed_before_answer(got.error)) {
       kind = Attempt::Kind::stale;
@@ -503,7 +573,8 @@ asio::awaitable<UpstreamPool::Attempt> UpstreamPool::exchange(
 }
 
 asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& upstream_ref,
-                                                     Request request_in, std::size_t hold_limit) {
+                                                     Request request_in, std::size_t hold_limit,
+                                                     std::shared_ptr<RequestBodySource> body) {
   // A copy: the reference is only promised until the first suspension.
   const config::Upstream upstream = upstream_ref;
   const auto start = Clock::now();
@@ -512,7 +583,10 @@ asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& ups
   request_in.version(11);
   request_in.keep_alive(true);
   request_in.erase(bhttp::field::transfer_encoding);
-  if (!request_in.body().empty() || request_in.has_content_length()) {
+  if (body) {
+    // Its length as the client declared it, else chunked (C50).
+    if (!request_in.has_content_length()) request_in.chunked(true);
+  } else if (!request_in.body().empty() || request_in.has_content_length()) {
     request_in.content_length(request_in.body().size());
   }
   const bool head = request_in.method() == bhttp::verb::head;
@@ -520,7 +594,8 @@ asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& ups
   const bool client_sent_host = request_in.count(bhttp::field::host) > 0;
   auto request = std::make_shared<Request>(std::move(request_in));
 
-  Lease lease = co_await this->lease(upstream, true);
+  // A body that follows as it arrives cannot be sent twice: a fresh connection (C08).
+  Lease lease = co_await this->lease(upstream, body == nullptr);
   for (int round = 0;; ++round) {
     if (!lease.connection) {
       // Not reached at all, or a stale pooled connection whose reconnect failed.
@@ -535,7 +610,7 @@ asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& ups
     const auto key = server_key(server);
     if (!client_sent_host) request->set(bhttp::field::host, key);
     auto wire = std::make_shared<Wire>(std::move(lease));
-    Attempt attempt = co_await exchange(wire, request, upstream, head, hold_limit);
+    Attempt attempt = co_await exchange(wire, request, upstream, head, hold_limit, body);
     if (attempt.kind == Attempt::Kind::stale && pooled && round == 0) {
       // The upstream closed the idle connection as the request went out, before answering;
       // retry once on a fresh connection to the same server, never on another (C08).
@@ -585,8 +660,8 @@ ProxyHandler::ProxyHandler(std::shared_ptr<Forwarder> forwarder)
     : forwarder_(std::move(forwarder)) {}
 
 asio::awaitable<HandlerResult> ProxyHandler::handle(Exchange exchange) {
-  auto result =
-      co_await forwarder_->forward(*exchange.upstream, std::move(exchange.request), kHoldWhole);
+  auto result = co_await forwarder_->forward(*exchange.upstream, std::move(exchange.request),
+                                             kHoldWhole, std::move(exchange.body_source));
   HandlerResult out;
   out.upstream_time = result.upstream_time;
   if (result.kind == ForwardResult::Kind::response) {

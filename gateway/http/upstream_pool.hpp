@@ -55,8 +55,9 @@ class UpstreamPool final : public Forwarder {
   UpstreamPool(const UpstreamPool&) = delete;
   UpstreamPool& operator=(const UpstreamPool&) = delete;
 
-  boost::asio::awaitable<ForwardResult> forward(const config::Upstream& upstream, Request request,
-                                                std::size_t hold_limit) override;
+  boost::asio::awaitable<ForwardResult> forward(
+      const config::Upstream& upstream, Request request, std::size_t hold_limit,
+      std::shared_ptr<RequestBodySource> body = nullptr) override;
 
   /// Idle pooled connections to `upstream` right now (for tests and metrics).
   std::size_t idle_connections(const std::string& upstream) const;
@@ -100,7 +101,8 @@ class UpstreamPool final : public Forwarder {
   boost::asio::awaitable<Attempt> exchange(std::shared_ptr<Wire> wire,
                                            std::shared_ptr<const Request> request,
                                            const config::Upstream& upstream, bool head,
-                                           std::size_t hold_limit);
+                                           std::size_t hold_limit,
+                                           std::shared_ptr<RequestBodySource> body);
   std::unique_ptr<Connection> take_idle(UpstreamState& state, const std::string& server);
   void put_idle(UpstreamState& state, const config::Upstream& upstream,
                 std::unique_ptr<Connection> connection);

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <functional>
 #include <set>
+#include <thread>
 
 #include "tests/contract/contract_support.hpp"
 #include "tests/support/h2_frames.hpp"
@@ -153,6 +154,28 @@ BOOST_AUTO_TEST_CASE(spec_C50_a_keyed_stream_reset_before_its_end_reaches_no_ups
   const HttpResponse res = gateway.send(keyed_post("/pay/reset", "h2-reset-early", body));
   BOOST_TEST(res.status == 201u, gateway.explain(res));
   BOOST_TEST(upstream.count("/pay/reset") == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(
+    spec_C50_a_streamed_upload_reset_midway_leaves_the_upstream_request_unfinished) {
+  // No content-length on a route without the contract: the body streams to the upstream
+  // (chunked) as it comes; a reset midway cuts the upstream request, which never completes.
+  h2::Connection c(gateway.port());
+  c.send(h2::preface());
+  c.send(h2::headers(1, h2::request_fields("POST", "/stream-reset"), false));
+  c.send(h2::data(1, std::string(5000, 's'), false));
+  std::this_thread::sleep_for(200ms);  // the upstream request has begun
+  c.send(h2::rst_stream(1, h2::kCancel));
+  c.send(h2::ping(9));
+  BOOST_TEST(c.read_until(h2::kPing, 0, 5s).has_value());
+  // The next stream on the same connection streams and completes.
+  c.send(h2::headers(3, h2::request_fields("POST", "/stream-after"), false));
+  c.send(h2::data(3, "whole", true));
+  const auto answer = c.read_until(h2::kHeaders, 3, 10s);
+  BOOST_TEST(answer.has_value(), gateway.diagnostics());
+  BOOST_TEST(upstream.wait_for("/stream-after", 1));
+  BOOST_TEST(upstream.received("/stream-after").at(0).body == "whole");
+  BOOST_TEST(upstream.count("/stream-reset") == 0u);
 }
 
 BOOST_AUTO_TEST_CASE(spec_C51_rapid_reset_ends_the_connection_and_executes_nothing_twice) {

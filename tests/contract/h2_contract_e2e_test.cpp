@@ -241,6 +241,33 @@ BOOST_AUTO_TEST_CASE(spec_C50_uploads_on_many_streams_at_once_all_arrive_under_f
   for (const auto& r : got) BOOST_TEST((r.body == body));
 }
 
+BOOST_AUTO_TEST_CASE(
+    spec_C50_an_upload_past_max_request_body_streams_on_a_route_without_the_contract) {
+  // 300 KiB against max_request_body 64 KiB: a request the contract does not hold is streamed
+  // (C38), its length kept, or chunked to the upstream when the client gave none.
+  std::string body;
+  for (int i = 0; body.size() < 300 * 1024; ++i) body += std::to_string(i) + ";";
+  const H2Answer sized = curl("POST", "/upload/sized", {{"Content-Type", "text/plain"}}, body);
+  BOOST_TEST(sized.status == 201u, sized.body << sized.err);
+  BOOST_TEST(sized.version == "2");
+  const H2Answer unsized = curl("POST", "/upload/unsized",
+                                {{"Content-Type", "text/plain"}, {"Content-Length", ""}}, body);
+  BOOST_TEST(unsized.status == 201u, unsized.body << unsized.err);
+  const auto got_sized = upstream.received("/upload/sized");
+  const auto got_unsized = upstream.received("/upload/unsized");
+  BOOST_TEST_REQUIRE(got_sized.size() == 1u);
+  BOOST_TEST_REQUIRE(got_unsized.size() == 1u);
+  BOOST_TEST((got_sized[0].body == body));
+  BOOST_TEST(got_sized[0].value("Content-Length").value_or("") == std::to_string(body.size()));
+  BOOST_TEST((got_unsized[0].body == body));
+  BOOST_TEST(got_unsized[0].value("Transfer-Encoding").value_or("") == "chunked");
+  // A keyed route still holds its body: 413 past max_request_body (C04).
+  const H2Answer keyed_big =
+      curl("POST", "/pay/big-upload", {{"Idempotency-Key", "h2-big-upload"}}, body);
+  BOOST_TEST(keyed_big.status == 413u, keyed_big.body << keyed_big.err);
+  BOOST_TEST(upstream.count("/pay/big-upload") == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(spec_C50_header_list_and_body_limits_answer_on_their_stream) {
   const H2Answer big_header = curl("GET", "/x", {{"X-Big", std::string(5000, 'a')}});
   BOOST_TEST(big_header.status == 431u, big_header.body << big_header.err);

@@ -1238,3 +1238,55 @@ BOOST_AUTO_TEST_CASE(spec_C48_a_client_that_leaves_closes_the_upstream_connectio
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+// SPEC C50: an HTTP/2 upload on a route without the contract streams like C38: past
+// max_request_body, with and without a content-length (chunked to the upstream), the
+// gateway's RSS bounded. curl sends the body from a file of the upstream's pattern.
+BOOST_AUTO_TEST_CASE(spec_C50_an_h2_upload_streams_with_bounded_gateway_rss) {
+  StreamUpstream upstream;
+  const SmallAsanQuarantine quarantine;
+  Gateway gateway{stream_config(upstream, kDefaultLimits)};
+  constexpr std::uint64_t kSize =
+      64 * kMiB;  // twice the RSS budget, within kEventDeadline under TSan
+  const auto file = (gateway.dir() / "upload.bin").string();
+  {
+    std::ofstream out(file, std::ios::binary);
+    std::string piece(kPiece, '\0');
+    for (std::uint64_t at = 0; at < kSize; at += kPiece) {
+      fill_pattern(piece.data(), piece.size(), at);
+      out.write(piece.data(), static_cast<std::streamsize>(piece.size()));
+    }
+  }
+  const auto url = "http://127.0.0.1:" + std::to_string(gateway.port()) + "/sink";
+  const auto upload = [&](bool chunked) {
+    std::vector<std::string> args = {
+        "-s", "--http2-prior-knowledge", "-w", "\n%{http_version}", "--data-binary", "@" + file};
+    if (chunked) args.insert(args.end(), {"-H", "Content-Length:"});  // END_STREAM frames it
+    args.push_back(url);
+    return run_program("/usr/bin/curl", args, gateway.dir());
+  };
+  BOOST_TEST_REQUIRE(upload(false).status == 0);  // warm-up: pools, buffers
+  RssSampler rss(gateway.pid());
+  std::this_thread::sleep_for(200ms);
+  const std::uint64_t idle = rss.rss();
+  for (const bool chunked : {false, true}) {
+    BOOST_TEST_CONTEXT((chunked ? "without" : "with") << " content-length") {
+      const auto start = Clock::now();
+      const CliResult run = upload(chunked);
+      BOOST_TEST_MESSAGE("h2 upload of " << kSize / kMiB << " MiB: " << seconds_since(start)
+                                         << " s, gateway RSS idle " << idle / kKiB << " KiB, max "
+                                         << rss.max() / kKiB << " KiB");
+      BOOST_TEST_REQUIRE(run.status == 0, run.err);
+      const auto nl = run.out.rfind('\n');
+      BOOST_TEST_REQUIRE(nl != std::string::npos, run.out);
+      BOOST_TEST(run.out.substr(nl + 1) == "2");
+      const json::value answer = json::parse(run.out.substr(0, nl));
+      BOOST_TEST(answer.at("bytes").to_number<std::uint64_t>() == kSize, run.out);
+      BOOST_TEST(answer.at("pattern_ok").as_bool(), run.out);
+    }
+  }
+  BOOST_TEST(upstream.counter("sink_bytes_total") == 3 * kSize);
+  BOOST_TEST(rss.max() - std::min(rss.max(), idle) < kRssBudget, "the gateway's RSS grew from "
+                                                                     << idle / kKiB << " KiB to "
+                                                                     << rss.max() / kKiB << " KiB");
+}

@@ -37,6 +37,8 @@ struct Harness final : http::H2Events {
   std::vector<std::int32_t> closed;
   std::vector<std::string> calmed_reasons;
   std::size_t pieces_taken = 0;
+  bool stream_bodies = false;
+  std::size_t bodies_arrived = 0;
   std::string out;  ///< sent by the codec, not yet read as frames
 
   void request_ready(std::shared_ptr<http::H2Stream> s) override { ready.push_back(std::move(s)); }
@@ -46,6 +48,8 @@ struct Harness final : http::H2Events {
     calmed_reasons.emplace_back(reason);
   }
   void wants_write() override {}
+  bool streams_body(http::H2Stream&) override { return stream_bodies; }
+  void body_arrived(http::H2Stream&) override { ++bodies_arrived; }
 
   /// Feeds the client's bytes; what receive() said.
   bool feed(const std::string& bytes) { return codec->receive(bytes.data(), bytes.size()); }
@@ -269,4 +273,53 @@ BOOST_AUTO_TEST_CASE(spec_C51_a_megabyte_of_unknown_frames_ends_the_connection) 
   for (int i = 0; i < 80 && open; ++i) open = h.feed(unknown);
   BOOST_TEST(!open);
   BOOST_TEST(h.calmed_reasons == std::vector<std::string>{"flood"});
+}
+
+BOOST_AUTO_TEST_CASE(spec_C50_a_streamed_body_is_handed_out_at_its_header_and_held_to_its_window) {
+  Harness h(100, 1000);  // max_request_body 1000: streamed bodies are not bound by it
+  h.stream_bodies = true;
+  h.open();
+  h.feed(h2::headers(1, h2::request_fields("PUT", "/upload"), false));
+  BOOST_TEST_REQUIRE(h.ready.size() == 1u);  // at its header, before any body
+  http::H2Stream& s = *h.ready[0];
+  BOOST_TEST(s.streaming);
+  // The stream's window is raised to stream_buffer (64 KiB by default).
+  h.feed(h2::data(1, std::string(16000, 'a'), false));
+  h.feed(h2::data(1, std::string(16000, 'b'), false));
+  h.feed(h2::data(1, std::string(16000, 'c'), false));
+  BOOST_TEST(s.upload.size() == 48000u);
+  BOOST_TEST(h.bodies_arrived == 3u);
+  std::string piece;
+  h.codec->take_body(s, piece);
+  BOOST_TEST(piece.size() == 48000u);
+  BOOST_TEST(s.upload.empty());
+  // Taking it gave the window back.
+  BOOST_TEST(Harness::find(h.frames(), h2::kWindowUpdate, 1).has_value());
+  h.feed(h2::data(1, "end", true));
+  BOOST_TEST(s.upload_done);
+  h.codec->take_body(s, piece);
+  BOOST_TEST(piece == "end");
+  h.answer(s, "stored");
+  BOOST_TEST(Harness::find(h.frames(), h2::kData, 1)->payload == "stored");
+  BOOST_TEST(h.calmed_reasons.empty());
+}
+
+BOOST_AUTO_TEST_CASE(spec_C47_an_answer_before_the_streamed_body_ended_drops_the_rest) {
+  Harness h;
+  h.stream_bodies = true;
+  h.open();
+  h.feed(h2::headers(1, h2::request_fields("POST", "/early"), false));
+  BOOST_TEST_REQUIRE(h.ready.size() == 1u);
+  http::H2Stream& s = *h.ready[0];
+  h.feed(h2::data(1, std::string(1000, 'x'), false));
+  h.answer(s, "no thanks");
+  h.frames();
+  BOOST_TEST(s.upload_discarded);
+  BOOST_TEST(s.upload.empty());
+  // What still comes is read and dropped, the window given back: the client is never stuck.
+  h.feed(h2::data(1, std::string(16000, 'y'), false));
+  BOOST_TEST(s.upload.empty());
+  BOOST_TEST(!Harness::find(h.frames(), h2::kRstStream, 1).has_value());
+  h.feed(h2::data(1, "", true));
+  BOOST_TEST(h.closed == std::vector<std::int32_t>{1});
 }
