@@ -286,12 +286,6 @@ void work(const Options& options, int thread, int connections, Counts& counts) {
   nghttp2_session_callbacks_del(callbacks);
 }
 
-double percentile(const std::vector<double>& sorted, double p) {
-  if (sorted.empty()) return 0;
-  const auto i = static_cast<std::size_t>(p / 100 * static_cast<double>(sorted.size() - 1) + 0.5);
-  return sorted[std::min(i, sorted.size() - 1)];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -345,14 +339,14 @@ int main(int argc, char** argv) {
     total.latency_ms.insert(total.latency_ms.end(), n.latency_ms.begin(), n.latency_ms.end());
     total.last_answer = std::max(total.last_answer, n.last_answer);
   }
-  std::sort(total.latency_ms.begin(), total.latency_ms.end());
   const double elapsed = std::chrono::duration<double>(total.last_answer - start).count();
   std::printf(
       "RESULT requests=%lld seconds=%.2f rps=%.0f p50_ms=%.2f p99_ms=%.2f p999_ms=%.2f "
       "socket_errors=%lld non2xx3xx=%lld s2xx=%lld s409=%lld sother=%lld\n",
       total.requests, elapsed, elapsed > 0 ? static_cast<double>(total.requests) / elapsed : 0.0,
-      percentile(total.latency_ms, 50), percentile(total.latency_ms, 99),
-      percentile(total.latency_ms, 99.9), total.socket_errors, total.s409 + total.sother,
-      total.s2xx, total.s409, total.sother);
+      idemgate::bench::percentile(total.latency_ms, 0.50),
+      idemgate::bench::percentile(total.latency_ms, 0.99),
+      idemgate::bench::percentile(total.latency_ms, 0.999), total.socket_errors,
+      total.s409 + total.sother, total.s2xx, total.s409, total.sother);
   return total.requests > 0 ? 0 : 1;
 }

@@ -130,13 +130,6 @@ asio::awaitable<void> slot(Run* run, std::size_t index) {
   }
 }
 
-double percentile(std::vector<double>& v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const auto i = static_cast<std::size_t>(p * static_cast<double>(v.size() - 1));
-  return v[i];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -172,8 +165,9 @@ int main(int argc, char** argv) {
     std::printf(
         "cut=%zu lived_ms_min=%.0f lived_ms_p50=%.0f lived_ms_p99=%.0f lived_ms_max=%.0f "
         "open=%d refused=%d\n",
-        v.size(), v.empty() ? 0.0 : *std::min_element(v.begin(), v.end()), percentile(v, 0.5),
-        percentile(v, 0.99), percentile(v, 1.0), run.open, run.refused);
+        v.size(), v.empty() ? 0.0 : *std::min_element(v.begin(), v.end()),
+        idemgate::bench::percentile(v, 0.5), idemgate::bench::percentile(v, 0.99),
+        idemgate::bench::percentile(v, 1.0), run.open, run.refused);
     std::fflush(stdout);
     io.stop();
   });

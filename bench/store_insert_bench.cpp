@@ -71,14 +71,6 @@ asio::awaitable<void> inserter(storage::pg::PgRecordStore* store, std::string pr
   }
 }
 
-double percentile(std::vector<double>& values, double p) {
-  if (values.empty()) return 0;
-  const auto index = static_cast<std::size_t>(p * static_cast<double>(values.size() - 1));
-  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(index),
-                   values.end());
-  return values[index];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -149,7 +141,8 @@ int main(int argc, char** argv) {
       "inserts=%llu seconds=%.2f tps=%.0f p50_ms=%.2f p99_ms=%.2f batches=%llu rows=%llu "
       "errors=%llu\n",
       static_cast<unsigned long long>(inserts), elapsed.count(),
-      static_cast<double>(inserts) / elapsed.count(), percentile(all, 0.50), percentile(all, 0.99),
+      static_cast<double>(inserts) / elapsed.count(), idemgate::bench::percentile(all, 0.50),
+      idemgate::bench::percentile(all, 0.99),
       static_cast<unsigned long long>(totals.batches.load()),
       static_cast<unsigned long long>(totals.rows.load()),
       static_cast<unsigned long long>(totals.errors.load()));

@@ -1,17 +1,20 @@
 #pragma once
-// What the helpers of scripts/bench share: reading their command line, and ending a run when
-// scripts/bench closes the pipe on their stdin.
+// What the helpers of scripts/bench share: reading their command line, percentiles of their
+// samples, and ending a run when scripts/bench closes the pipe on their stdin.
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/program_options.hpp>
+#include <cstddef>
 #include <exception>
 #include <functional>
 #include <iostream>
 #include <utility>
+#include <vector>
 
 namespace idemgate::bench {
 
@@ -29,6 +32,16 @@ inline bool parse_options(int argc, char** argv,
     return false;
   }
   return true;
+}
+
+/// The value at `fraction` (0 to 1) of the way through `values` in order (0 when empty);
+/// reorders `values`.
+inline double percentile(std::vector<double>& values, double fraction) {
+  if (values.empty()) return 0;
+  const auto index = static_cast<std::size_t>(fraction * static_cast<double>(values.size() - 1));
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(index),
+                   values.end());
+  return values[index];
 }
 
 /// Calls `on_eof` on `io`'s thread once stdin reaches its end (or fails), discarding whatever
