@@ -79,14 +79,12 @@ bool same_map(const std::vector<storage::redis::SlotRange>& a,
 
 }  // namespace
 
-RedisCluster::RedisCluster(std::size_t primaries) {
-  std::string pattern =
-      (std::filesystem::temp_directory_path() / "idemgate-cluster-XXXXXX").string();
-  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  dir_ = pattern;
-
-  const auto server = find_in_path("redis-server");
-  for (std::size_t i = 0; i < primaries; ++i) {
+RedisCluster::Node RedisCluster::start_node(const std::string& server) const {
+  // free_port() probes: another process (a parallel suite's store, a cluster bus) may take the
+  // port before redis-server binds it, and then answers in its place or resets. The node is
+  // ours once it runs and answers CLUSTER MYID; otherwise it starts again on other ports.
+  std::string failure;
+  for (int attempt = 0; attempt < 3; ++attempt) {
     Node node;
     node.port = free_port();
     // The bus port defaults to port + 10000, which may be taken or out of range.
@@ -122,14 +120,29 @@ RedisCluster::RedisCluster(std::size_t primaries) {
     options.stdout_path = node.log_path;
     options.stderr_path = node.log_path + ".err";
     node.process.emplace(options);
-    nodes_.push_back(std::move(node));
+    if (!wait_for_port(kHost, node.port, kDeadline, &*node.process)) {
+      failure = "redis-server did not start: " + read_text_file(node.log_path);
+      continue;
+    }
+    try {
+      node.id = sync_command(node.port, {"CLUSTER", "MYID"}).str;
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    if (!node.id.empty() && node.process->running()) return node;
+    if (failure.empty()) failure = "redis-server on port " + name + " exited after starting";
   }
-  for (auto& node : nodes_) {
-    if (!wait_for_port(kHost, node.port, kDeadline, &*node.process))
-      throw std::runtime_error("redis-server did not start: " + read_text_file(node.log_path));
-    const auto id = sync_command(node.port, {"CLUSTER", "MYID"});
-    node.id = id.str;
-  }
+  throw std::runtime_error(failure + " (3 attempts)");
+}
+
+RedisCluster::RedisCluster(std::size_t primaries) {
+  std::string pattern =
+      (std::filesystem::temp_directory_path() / "idemgate-cluster-XXXXXX").string();
+  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  dir_ = pattern;
+
+  const auto server = find_in_path("redis-server");
+  for (std::size_t i = 0; i < primaries; ++i) nodes_.push_back(start_node(server));
   std::vector<std::string> args = {"--cluster", "create"};
   for (const auto& node : nodes_) args.push_back(kHost + ":" + std::to_string(node.port));
   args.insert(args.end(), {"--cluster-replicas", "0", "--cluster-yes"});

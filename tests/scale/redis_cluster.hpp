@@ -85,6 +85,9 @@ class RedisCluster {
     std::optional<ChildProcess> process;
   };
 
+  /// Starts one cluster-enabled redis-server on free ports and waits until it answers as
+  /// itself; throws after three attempts.
+  Node start_node(const std::string& server) const;
   void run_cli(const std::vector<std::string>& args, const std::string& what) const;
   void wait_until_agreed() const;
 
