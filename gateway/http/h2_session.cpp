@@ -125,12 +125,14 @@ struct H2Connection::Impl : H2Events, std::enable_shared_from_this<H2Connection:
 class H2BodySource final : public RequestBodySource {
  public:
   H2BodySource(std::shared_ptr<H2Connection::Impl> connection, std::shared_ptr<H2Stream> stream)
-      : connection_(std::move(connection)), stream_(std::move(stream)) {}
+      : connection_(std::move(connection)),
+        stream_(std::move(stream)),
+        wake_(connection_->stream.get_executor()) {}
 
   asio::awaitable<boost::system::error_code> next(std::string& piece, bool& done) override {
     auto& c = *connection_;
     H2Stream& s = *stream_;
-    asio::steady_timer wake(c.stream.get_executor());
+    asio::steady_timer& wake = wake_;  // one per stream, not one per piece
     c.uploads[s.id] = &wake;
     const auto idle = std::chrono::duration_cast<Clock::duration>(s.config->limits.idle_timeout);
     boost::system::error_code ec;
@@ -174,6 +176,7 @@ class H2BodySource final : public RequestBodySource {
  private:
   std::shared_ptr<H2Connection::Impl> connection_;
   std::shared_ptr<H2Stream> stream_;
+  asio::steady_timer wake_;
 };
 
 bool H2Connection::Impl::streams_body(H2Stream& s) {

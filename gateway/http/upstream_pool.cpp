@@ -218,7 +218,7 @@ asio::awaitable<void> write_streamed_request(std::shared_ptr<UpstreamPool::Wire>
       if (wire->lease.connection) wire->lease.connection->tcp().close();
       co_return;
     }
-    if (!wire->lease.connection || !wire->writing) co_return;  // the exchange is over
+    if (!wire->lease.connection) co_return;  // the exchange is over
     out.body().data = piece.empty() ? nullptr : piece.data();
     out.body().size = piece.size();
     out.body().more = !done;
