@@ -19,9 +19,11 @@ void DeadlineList::add(Entry& entry) {
 void DeadlineList::remove(Entry& entry) noexcept {
   if (!entry.is_linked()) return;
   entries_.erase(entries_.iterator_to(entry));
-  // Nothing left to time: the timer stops, so that an idle thread has no work pending (its
-  // io_context can run out of work) and wakes for nothing.
-  if (entries_.empty() && armed_ != Clock::time_point::max()) {
+  // Nothing left to time: a timer due later than kLinger stops, so that an idle thread has no
+  // work pending (its io_context can run out of work) and wakes for nothing. One due sooner
+  // fires once for nothing: entries that come and go one at a time (a quick exchange's) then
+  // cost no arm and cancel each.
+  if (entries_.empty() && armed_ != Clock::time_point::max() && armed_ - Clock::now() > kLinger) {
     armed_ = Clock::time_point::max();
     timer_.cancel();
   }

@@ -19,7 +19,8 @@ namespace idemgate::common {
 /// Guard removes it on every exit. The timer is armed for the earliest deadline only, so it
 /// fires once per moment at which something is due. A removed earliest entry leaves the timer
 /// armed while other entries wait (it fires once more for nothing, which costs less than a
-/// cancel and a re-arm per entry); the last one removed stops it.
+/// cancel and a re-arm per entry); the last one removed stops it, unless it is due within
+/// kLinger (1 s).
 /// Destroying the list unlinks the entries still in it; their Guards then leave it alone.
 ///
 /// @par Thread safety
@@ -71,6 +72,9 @@ class DeadlineList {
   boost::asio::any_io_executor get_executor() { return timer_.get_executor(); }
 
  private:
+  /// The last entry removed leaves a timer due within this armed (see remove()).
+  static constexpr std::chrono::seconds kLinger{1};
+
   void arm(Clock::time_point when);
   void on_timer();
 

@@ -47,6 +47,37 @@ void check_chunk_extensions(boost::beast::http::parser<isRequest, Body, Allocato
   parser.on_chunk_header(chunk_extension_check);
 }
 
+/// The part of async_read_body that needs no I/O: hands `parser` what `buffer` holds (never fewer
+/// than kMinChunkedPut bytes of a chunked body). Returns how the read ends when it ends here (the
+/// message done, a buffer_body piece filled, the parser's error), nullopt when more bytes must be
+/// read. `room`: a buffer_body's free bytes when the read began.
+template <bool isRequest, class Body, class Allocator>
+std::optional<boost::system::error_code> put_buffered(
+    boost::beast::flat_buffer& buffer,
+    boost::beast::http::parser<isRequest, Body, Allocator>& parser, std::size_t room) {
+  namespace bhttp = boost::beast::http;
+  using boost::system::error_code;
+  constexpr bool kPiece = std::is_same_v<Body, bhttp::buffer_body>;
+  for (;;) {
+    if (parser.is_done()) return error_code{};
+    if (buffer.size() == 0 || (parser.chunked() && buffer.size() < kMinChunkedPut)) {
+      return std::nullopt;
+    }
+    error_code ec;
+    const std::size_t used = parser.put(buffer.data(), ec);
+    buffer.consume(used);
+    if constexpr (kPiece) {
+      if (ec == bhttp::error::need_buffer) return error_code{};  // the piece is full
+    }
+    if (ec && ec != bhttp::error::need_more) return ec;
+    if (parser.is_done()) return error_code{};
+    if constexpr (kPiece) {
+      if (parser.get().body().size < room) return error_code{};
+    }
+    if (ec || used == 0) return std::nullopt;
+  }
+}
+
 /// Reads the rest of the message whose header `parser` has already parsed, from `stream` through
 /// `buffer` (as beast::http::async_read; the buffer's max_size bounds a chunk-size line or trailer
 /// section), never handing the parser fewer than kMinChunkedPut bytes of a chunked body. Errors
@@ -68,27 +99,12 @@ boost::asio::awaitable<boost::system::error_code> async_read_body(
   namespace bhttp = boost::beast::http;
   using boost::system::error_code;
   constexpr std::size_t kReadSize = 64 * 1024;
-  constexpr bool kPiece = std::is_same_v<Body, bhttp::buffer_body>;
 
-  std::size_t room = 0;  // kPiece: the body buffer's free bytes when called
-  if constexpr (kPiece) room = parser.get().body().size;
+  std::size_t room = 0;  // buffer_body: the body buffer's free bytes when called
+  if constexpr (std::is_same_v<Body, bhttp::buffer_body>) room = parser.get().body().size;
   parser.eager(true);
   for (;;) {
-    if (parser.is_done()) co_return error_code{};
-    if (buffer.size() > 0 && (!parser.chunked() || buffer.size() >= kMinChunkedPut)) {
-      error_code ec;
-      const std::size_t used = parser.put(buffer.data(), ec);
-      buffer.consume(used);
-      if constexpr (kPiece) {
-        if (ec == bhttp::error::need_buffer) co_return error_code{};  // the piece is full
-      }
-      if (ec && ec != bhttp::error::need_more) co_return ec;
-      if (parser.is_done()) co_return error_code{};
-      if constexpr (kPiece) {
-        if (parser.get().body().size < room) co_return error_code{};
-      }
-      if (!ec && used > 0) continue;
-    }
+    if (auto ended = put_buffered(buffer, parser, room)) co_return *ended;
     const std::size_t free = std::min(kReadSize, buffer.max_size() - buffer.size());
     if (free == 0) co_return bhttp::error::buffer_overflow;
     if (per_read) boost::beast::get_lowest_layer(stream).expires_after(*per_read);

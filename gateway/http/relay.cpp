@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
@@ -15,6 +16,7 @@
 #include <optional>
 #include <vector>
 
+#include "gateway/common/deadline_list.hpp"
 #include "gateway/common/host_port.hpp"
 #include "gateway/common/http_date.hpp"
 #include "gateway/common/use_nothrow.hpp"
@@ -279,13 +281,13 @@ constexpr auto kWatchAfter = std::chrono::milliseconds(200);
 /// What the tasks of one attempt share: the request goes up while the response comes down
 /// (C47), and the client's connection is watched once nothing else reads it (C48).
 struct Duplex {
-  Duplex(const asio::any_io_executor& executor, ByteStream upstream)
-      : up(upstream), deadline(executor) {}
+  explicit Duplex(ByteStream upstream) : up(upstream) {}
   ByteStream up;
   beast::flat_buffer ubuf{2 * kMaxResponseHeaderBytes};
   std::unique_ptr<StreamResponseParser> rparser;
-  /// From the request's end: kWatchAfter, then request_timeout for the header.
-  asio::steady_timer deadline;
+  /// The upload's: from the request's end, kWatchAfter, then request_timeout for the header.
+  /// A held exchange's: the end of its client watch. Made only where it is waited on.
+  std::optional<asio::steady_timer> deadline;
   bool uploaded = false;       ///< the upload task is past the request (sent, or failed)
   bool answered = false;       ///< the response header arrived, or reading it failed
   bool ended = false;          ///< the download task ended: the others stop
@@ -307,7 +309,7 @@ struct RelayState {
   const config::Upstream& upstream;
   std::size_t held = 0;   ///< a retryable request's body, read whole into up_buffer
   bool retryable = true;  ///< the request may go out again on a fresh connection (C08)
-  std::string server;     ///< the upstream server of the current attempt
+  config::Server server;  ///< the upstream server of the current attempt
   std::string failure;    ///< why there is no response (→ 502/504)
   bool stale = false;     ///< closed before answering: a retryable request may go again (C08)
   bool timed_out = false;
@@ -320,7 +322,7 @@ struct RelayState {
 /// watch's; nothing writes to the client any more).
 void end_exchange(RelayState& x, Duplex& d) {
   d.ended = true;
-  d.deadline.cancel();
+  if (d.deadline) d.deadline->cancel();
   x.in.client.tcp().cancel();
 }
 
@@ -349,13 +351,41 @@ asio::awaitable<void> watch(RelayState& x, Duplex& d) {
 /// connection closes, the download reports it). Ends early when the header or the end comes.
 asio::awaitable<void> header_deadline(Duplex& d, Clock::time_point head_by) {
   while (!d.ended && !d.answered) {
-    d.deadline.expires_at(head_by);
-    co_await d.deadline.async_wait(use_nothrow);
+    d.deadline->expires_at(head_by);
+    co_await d.deadline->async_wait(use_nothrow);
     if (!d.ended && !d.answered && Clock::now() >= head_by) {
       d.timed_out = true;
       d.up.tcp().close();
     }
   }
+}
+
+/// Writes a request whose body is held whole in up_buffer[0, held) (C08): the head rendered
+/// behind the body in the same buffer when it fits there, and both in one write. `expiry`: the
+/// write's own timeout, or nullopt when the caller times it (the stream's expiry is cleared).
+asio::awaitable<error_code> send_held(RelayState& x, Duplex& d,
+                                      std::optional<config::Duration> expiry) {
+  auto& req = x.parser.get();
+  const std::size_t head_size =
+      render_head(req, x.up_buffer.data() + x.held, x.up_buffer.size() - x.held);
+  if (expiry) {
+    d.up.tcp().expires_after(*expiry);
+  } else {
+    d.up.tcp().expires_never();  // not a deadline left from the connect
+  }
+  if (head_size > 0) {
+    const std::array<asio::const_buffer, 2> request{
+        asio::buffer(x.up_buffer.data() + x.held, head_size),
+        asio::buffer(x.up_buffer.data(), x.held)};
+    auto [ec, n] = co_await asio::async_write(d.up, request, use_nothrow);
+    co_return ec;
+  }
+  req.body().data = x.held == 0 ? nullptr : x.up_buffer.data();
+  req.body().size = x.held;
+  req.body().more = false;
+  bhttp::request_serializer<bhttp::buffer_body> sr{req};
+  auto [ec, n] = co_await bhttp::async_write(d.up, sr, use_nothrow);
+  co_return ec;
 }
 
 /// The request to the upstream: the header with a held body, or the header and then the body
@@ -364,27 +394,12 @@ asio::awaitable<void> upload(RelayState& x, Duplex& d) {
   auto& in = x.in;
   const config::Limits& limits = *in.limits;
   auto& req = x.parser.get();
-  bhttp::request_serializer<bhttp::buffer_body> sr{req};
   error_code wec;
-  // A held body's head goes out with it in one write, rendered behind it in the same buffer
-  // when it fits there.
-  const std::size_t head_size =
-      x.retryable ? render_head(req, x.up_buffer.data() + x.held, x.up_buffer.size() - x.held) : 0;
-  if (head_size > 0) {
-    const std::array<asio::const_buffer, 2> request{
-        asio::buffer(x.up_buffer.data() + x.held, head_size),
-        asio::buffer(x.up_buffer.data(), x.held)};
-    d.up.tcp().expires_after(x.upstream.request_timeout);
-    auto [ec, n] = co_await asio::async_write(d.up, request, use_nothrow);
-    wec = ec;
-  } else if (x.retryable) {
-    req.body().data = x.held == 0 ? nullptr : x.up_buffer.data();
-    req.body().size = x.held;
-    req.body().more = false;
-    d.up.tcp().expires_after(x.upstream.request_timeout);
-    auto [ec, n] = co_await bhttp::async_write(d.up, sr, use_nothrow);
-    wec = ec;
+  d.deadline.emplace(in.client.get_executor());
+  if (x.retryable) {
+    wec = co_await send_held(x, d, x.upstream.request_timeout);
   } else {
+    bhttp::request_serializer<bhttp::buffer_body> sr{req};
     d.up.tcp().expires_after(x.upstream.idle_timeout);
     auto [ec, n] = co_await bhttp::async_write_header(d.up, sr, use_nothrow);
     wec = ec;
@@ -422,8 +437,8 @@ asio::awaitable<void> upload(RelayState& x, Duplex& d) {
   const auto head_by =
       now + std::chrono::duration_cast<Clock::duration>(x.upstream.request_timeout);
   while (!d.ended && Clock::now() < watch_at) {
-    d.deadline.expires_at(d.answered ? watch_at : std::min(watch_at, head_by));
-    co_await d.deadline.async_wait(use_nothrow);
+    d.deadline->expires_at(d.answered ? watch_at : std::min(watch_at, head_by));
+    co_await d.deadline->async_wait(use_nothrow);
     if (!d.ended && !d.answered && Clock::now() >= head_by) {
       d.timed_out = true;
       d.up.tcp().close();
@@ -497,9 +512,12 @@ asio::awaitable<void> download(RelayState& x, Duplex& d) {
   const ResponseHead got =
       co_await read_response_head(d.up, d.ubuf, d.rparser, x.in.head, x.in.websocket);
   d.answered = true;
-  if (d.watching) d.deadline.cancel();  // else it wakes for the watch and finds the header
+  // Else the upload's timer wakes for the watch and finds the header.
+  if (d.watching && d.deadline) d.deadline->cancel();
   // Named only when there is a failure to describe.
-  const auto where = [&x] { return "upstream " + x.upstream.name + " (" + x.server + ")"; };
+  const auto where = [&x] {
+    return "upstream " + x.upstream.name + " (" + server_text(x.server) + ")";
+  };
   if (got.error) {
     x.timed_out =
         d.timed_out || got.error == beast::error::timeout || d.write_error == beast::error::timeout;
@@ -526,6 +544,78 @@ asio::awaitable<void> download(RelayState& x, Duplex& d) {
   }
   if (!x.failure.empty()) d.up.tcp().close();
   end_exchange(x, d);
+}
+
+/// A held exchange's clock, an entry of the thread's deadline list: nothing runs beside the
+/// download of a quick exchange. Past kWatchAfter it starts the client watch (C48); past
+/// `head_by` without a response header it closes the upstream connection (504).
+struct HeldClock : common::DeadlineList::Entry {
+  HeldClock(RelayState& state, Duplex& duplex, common::DeadlineList& deadlines)
+      : x(state), d(duplex), list(deadlines) {}
+  RelayState& x;
+  Duplex& d;
+  common::DeadlineList& list;
+  Clock::time_point watch_at;
+  Clock::time_point head_by;
+  bool watch_started = false;
+  bool watch_done = false;
+
+  /// Sets the entry's deadline to the next moment it has something to do, if any.
+  bool next(Clock::time_point now) {
+    if (d.ended) return false;
+    if (!d.answered && now >= head_by) {
+      d.timed_out = true;
+      d.up.tcp().close();  // the download fails and reports the timeout
+      return false;
+    }
+    if (!watch_started && now >= watch_at) start_watch();
+    if (d.answered && watch_started) return false;
+    deadline = d.answered ? watch_at : watch_started ? head_by : std::min(watch_at, head_by);
+    return true;
+  }
+
+  void start_watch() {
+    watch_started = true;
+    d.watching = true;
+    asio::co_spawn(x.in.client.get_executor(), watch(x, d), [this](const std::exception_ptr&) {
+      watch_done = true;
+      if (d.deadline) d.deadline->cancel();
+    });
+  }
+
+  static void due(common::DeadlineList::Entry& entry) {
+    auto& clock = static_cast<HeldClock&>(entry);
+    if (clock.next(Clock::now())) clock.list.add(clock);
+  }
+};
+
+/// A request whose body is held whole (C08): one write, then the download, with a deadline
+/// entry instead of a task beside them (the parallel upload and download cost a quick exchange
+/// two coroutines and their group). The write and the response header each have
+/// request_timeout.
+asio::awaitable<void> held_exchange(RelayState& x, Duplex& d, common::DeadlineList& deadlines) {
+  const auto request_timeout =
+      std::chrono::duration_cast<Clock::duration>(x.upstream.request_timeout);
+  HeldClock clock(x, d, deadlines);
+  const auto start = Clock::now();
+  clock.watch_at = start + kWatchAfter;
+  clock.head_by = start + request_timeout;
+  clock.deadline = std::min(clock.watch_at, clock.head_by);
+  clock.on_due = &HeldClock::due;
+  {
+    common::DeadlineList::Guard guard(deadlines, clock);
+    d.write_error = co_await send_held(x, d, std::nullopt);
+    d.uploaded = true;
+    // The response header's time counts from the request's end. The entry may wake before it;
+    // it then looks again.
+    if (!d.timed_out) clock.head_by = Clock::now() + request_timeout;
+    co_await download(x, d);
+  }
+  if (clock.watch_started && !clock.watch_done) {
+    // download() ended the watch's read: wait for the task to finish with x and d.
+    d.deadline.emplace(x.in.client.get_executor(), Clock::time_point::max());
+    while (!clock.watch_done) co_await d.deadline->async_wait(use_nothrow);
+  }
 }
 
 /// C40: the upgrade is confirmed; relays the 101 with its Upgrade, then bytes both ways until a
@@ -668,9 +758,18 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
   if (has_body && !chunked_in && parser.content_length() && *parser.content_length() <= piece) {
     while (!parser.is_done()) {
       const std::size_t room = piece - x.held;
-      const auto ec =
-          co_await read_body_piece(in.client, *in.client_buffer, parser, up_buffer.data() + x.held,
-                                   room, limits.idle_timeout);
+      // A body that came with its header is taken without a read (or a task).
+      req.body().data = up_buffer.data() + x.held;
+      req.body().size = room;
+      parser.eager(true);
+      const auto taken = put_buffered(*in.client_buffer, parser, room);
+      error_code ec;
+      if (taken) {
+        ec = *taken;
+      } else {
+        ec = co_await read_body_piece(in.client, *in.client_buffer, parser,
+                                      up_buffer.data() + x.held, room, limits.idle_timeout);
+      }
       if (ec) {
         out.cut = "reading the request body failed: " + ec.message();
         out.request_error = ec;
@@ -689,7 +788,10 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
   bool reached = false;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (attempt == 0) {
-      lease.emplace(co_await in.pool->lease(upstream, x.retryable));
+      if (x.retryable) lease.emplace(in.pool->take_pooled(upstream));  // the usual case: no task
+      if (!lease || !lease->connection) {
+        lease.emplace(co_await in.pool->lease(upstream, x.retryable));
+      }
     } else {
       lease.emplace(co_await in.pool->reconnect(upstream, lease->server));
     }
@@ -699,13 +801,17 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
       break;
     }
     reached = true;
-    x.server = server_text(lease->server);
-    if (req.count(bhttp::field::host) == 0) req.set(bhttp::field::host, x.server);
-    d.emplace(in.client.get_executor(), UpstreamPool::stream_of(*lease->connection));
+    x.server = lease->server;
+    if (req.count(bhttp::field::host) == 0) req.set(bhttp::field::host, server_text(x.server));
+    d.emplace(UpstreamPool::stream_of(*lease->connection));
     x.failure.clear();
     x.stale = x.timed_out = false;
-    // Both directions at once from the first byte (C47), the client watched (C48).
-    co_await (upload(x, *d) && download(x, *d));
+    if (x.retryable && in.deadlines) {
+      co_await held_exchange(x, *d, *in.deadlines);
+    } else {
+      // Both directions at once from the first byte (C47), the client watched (C48).
+      co_await (upload(x, *d) && download(x, *d));
+    }
     if (x.stale && attempt == 0 && lease->pooled && x.retryable && !out.client_closed) {
       continue;  // C08: the pooled connection was closed as the request went out
     }

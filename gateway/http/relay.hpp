@@ -21,6 +21,10 @@
 #include "gateway/http/handler.hpp"
 #include "gateway/http/upstream_pool.hpp"
 
+namespace idemgate::common {
+class DeadlineList;
+}
+
 namespace idemgate::http {
 
 using StreamRequestParser = boost::beast::http::request_parser<boost::beast::http::buffer_body>;
@@ -45,6 +49,9 @@ struct RelayRequest {
   const config::Limits* limits = nullptr;
   const config::Upstream* upstream = nullptr;
   UpstreamPool* pool = nullptr;
+  /// The io thread's deadline list: a request whose body is held whole is timed by an entry of
+  /// it rather than by a timer of its own. Null: by a timer.
+  common::DeadlineList* deadlines = nullptr;
   RequestHandler* handler = nullptr;  ///< strip_owned_fields, add_route_fields on the response
   /// The route and the request's Origin ("" when none), for add_route_fields; both point into
   /// what the session holds until relay() returns.

@@ -657,6 +657,7 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
     request.limits = &limits;
     request.upstream = &upstream;
     request.pool = context_->handler->streaming_pool();
+    request.deadlines = context_->header_deadlines.get();
     request.handler = context_->handler;
     request.route = &route;
     request.origin = origin;

@@ -23,6 +23,7 @@
 #include <deque>
 #include <optional>
 
+#include "gateway/common/deadline_list.hpp"
 #include "gateway/common/host_port.hpp"
 #include "gateway/common/json_log.hpp"
 #include "gateway/common/log_on_exception.hpp"
@@ -44,20 +45,30 @@ using Clock = std::chrono::steady_clock;
 
 using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
-struct UpstreamPool::Connection {
-  Connection(asio::any_io_executor executor, std::string server_key,
+/// While pooled (plain TCP) and not yet watched, a Connection is an entry of its pool's
+/// idle_watches_ list, due kIdleWatchAfter after it went idle.
+struct UpstreamPool::Connection : common::DeadlineList::Entry {
+  Connection(asio::any_io_executor executor, config::Server to,
              std::shared_ptr<asio::ssl::context> tls_context)
-      : server(std::move(server_key)), tls(std::move(tls_context)) {
+      : server(std::move(to)), tls(std::move(tls_context)) {
     if (tls) {
       tls_stream.emplace(beast::tcp_stream(std::move(executor)), *tls);
     } else {
       plain.emplace(std::move(executor));
     }
   }
+  ~Connection() {
+    if (watch_list != nullptr) watch_list->remove(*this);
+  }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
   beast::tcp_stream& tcp() { return tls_stream ? beast::get_lowest_layer(*tls_stream) : *plain; }
 
-  std::string server;  ///< "host:port"
+  config::Server server;  ///< the server it is connected to
   Clock::time_point idle_deadline{};
+  /// While pooled and not yet watched: the list it waits in, and the pool state it is idle in.
+  common::DeadlineList* watch_list = nullptr;
+  UpstreamState* idle_state = nullptr;
   /// While pooled (plain TCP): set by the read armed on the idle socket, cleared when the
   /// connection is taken; the wait's completion checks it through a weak pointer.
   std::shared_ptr<bool> idle_watch;
@@ -252,7 +263,8 @@ asio::awaitable<boost::system::error_code> open(UpstreamPool::Connection* connec
 
 }  // namespace
 
-UpstreamPool::UpstreamPool(asio::any_io_executor executor) : executor_(std::move(executor)) {}
+UpstreamPool::UpstreamPool(asio::any_io_executor executor)
+    : executor_(std::move(executor)), idle_watches_(executor_) {}
 
 UpstreamPool::~UpstreamPool() = default;
 
@@ -262,7 +274,7 @@ std::size_t UpstreamPool::idle_connections(const std::string& upstream) const {
 }
 
 std::unique_ptr<UpstreamPool::Connection> UpstreamPool::take_idle(UpstreamState& state,
-                                                                  const std::string& server) {
+                                                                  const config::Server& server) {
   const auto now = Clock::now();
   std::erase_if(state.idle, [&](const auto& c) { return c->idle_deadline <= now; });
   // Most recently used first: the least likely to have been closed by the upstream.
@@ -270,6 +282,12 @@ std::unique_ptr<UpstreamPool::Connection> UpstreamPool::take_idle(UpstreamState&
     if (state.idle[i]->server != server) continue;
     auto connection = std::move(state.idle[i]);
     state.idle.erase(state.idle.begin() + static_cast<std::ptrdiff_t>(i));
+    if (connection->watch_list != nullptr) {
+      // Reused before its watch began: nothing to stop.
+      connection->watch_list->remove(*connection);
+      connection->watch_list = nullptr;
+      return connection;
+    }
     if (connection->idle_watch) {
       // Plain TCP: the armed read would have dropped a closed connection already; stop it
       // (no syscall) and reuse the connection as it is.
@@ -294,23 +312,35 @@ void UpstreamPool::put_idle(UpstreamState& state, const config::Upstream& upstre
     state.idle.pop_front();
   }
   if (!connection->tls_stream) {
-    // An idle connection keeps a read armed: EOF, a reset or stray bytes from the upstream
-    // complete it and the connection leaves the pool at once, so taking one later costs no
-    // syscall to check it (C08 still retries one that closes as the request goes out). A read,
-    // not a readiness wait: Asio re-arms the descriptor (epoll_ctl) for every wait, while a read
-    // after the response's last read is queued on the registration the socket already has.
-    auto watch = std::make_shared<bool>(true);
-    connection->idle_watch = watch;
-    Connection* const raw = connection.get();
-    raw->tcp().socket().async_read_some(
-        asio::buffer(&raw->idle_byte, 1), [&state, raw, weak = std::weak_ptr<bool>(watch)](
-                                              const boost::system::error_code&, std::size_t) {
-          const auto armed = weak.lock();
-          if (!armed || !*armed) return;  // taken for a request, or already destroyed
-          std::erase_if(state.idle, [raw](const auto& c) { return c.get() == raw; });
-        });
+    // Watched once it has been idle for kIdleWatchAfter: a connection reused sooner (the
+    // usual case under load) costs no operation, syscall or allocation to pool.
+    connection->deadline = now + kIdleWatchAfter;
+    connection->on_due = &UpstreamPool::watch_idle;
+    connection->watch_list = &idle_watches_;
+    connection->idle_state = &state;
+    idle_watches_.add(*connection);
   }
   state.idle.push_back(std::move(connection));
+}
+
+void UpstreamPool::watch_idle(common::DeadlineList::Entry& entry) {
+  // The connection keeps a read armed: EOF, a reset or stray bytes from the upstream complete
+  // it and the connection leaves the pool at once, so taking one later costs no syscall to
+  // check it (C08 still retries one that closes as the request goes out). A read, not a
+  // readiness wait: Asio re-arms the descriptor (epoll_ctl) for every wait, while a read after
+  // the response's last read is queued on the registration the socket already has.
+  auto* const raw = static_cast<Connection*>(&entry);
+  raw->watch_list = nullptr;
+  UpstreamState& state = *raw->idle_state;
+  auto watch = std::make_shared<bool>(true);
+  raw->idle_watch = watch;
+  raw->tcp().socket().async_read_some(
+      asio::buffer(&raw->idle_byte, 1), [&state, raw, weak = std::weak_ptr<bool>(watch)](
+                                            const boost::system::error_code&, std::size_t) {
+        const auto armed = weak.lock();
+        if (!armed || !*armed) return;  // taken for a request, or already destroyed
+        std::erase_if(state.idle, [raw](const auto& c) { return c.get() == raw; });
+      });
 }
 
 UpstreamPool::UpstreamState* UpstreamPool::state_for(const config::Upstream& upstream,
@@ -350,20 +380,19 @@ asio::awaitable<UpstreamPool::Lease> UpstreamPool::lease(const config::Upstream&
   std::string last_error = "the upstream has no servers";
   for (std::size_t i = 0; i < count; ++i) {
     const config::Server server = upstream.servers[(first + i) % count];
-    const auto key = server_key(server);
     if (allow_pooled) {
-      if (auto idle = take_idle(*state, key)) {
+      if (auto idle = take_idle(*state, server)) {
         out.connection.reset(idle.release());
         out.pooled = true;
         out.server = server;
         co_return out;
       }
     }
-    auto connection = std::make_unique<Connection>(executor_, key, state->tls);
+    auto connection = std::make_unique<Connection>(executor_, server, state->tls);
     const auto ec = co_await open(connection.get(), server, upstream);
     if (ec) {
       // Nothing was written: the next server may take it (C08).
-      last_error = key + ": " + ec.message();
+      last_error = server_key(server) + ": " + ec.message();
       continue;
     }
     out.connection.reset(connection.release());
@@ -375,6 +404,22 @@ asio::awaitable<UpstreamPool::Lease> UpstreamPool::lease(const config::Upstream&
   co_return out;
 }
 
+UpstreamPool::Lease UpstreamPool::take_pooled(const config::Upstream& upstream) {
+  Lease out;
+  out.connection = {nullptr, &delete_connection};
+  UpstreamState* const state = state_for(upstream, out.detail);
+  const std::size_t count = upstream.servers.size();
+  if (state == nullptr || count == 0) return out;
+  const config::Server& server = upstream.servers[state->next_server % count];
+  if (auto idle = take_idle(*state, server)) {
+    ++state->next_server;
+    out.connection.reset(idle.release());
+    out.pooled = true;
+    out.server = server;
+  }
+  return out;
+}
+
 asio::awaitable<UpstreamPool::Lease> UpstreamPool::reconnect(const config::Upstream& upstream,
                                                              config::Server server) {
   Lease out;
@@ -382,12 +427,11 @@ asio::awaitable<UpstreamPool::Lease> UpstreamPool::reconnect(const config::Upstr
   out.server = server;
   UpstreamState* const state = state_for(upstream, out.detail);
   if (!state) co_return out;
-  const auto key = server_key(server);
-  auto connection = std::make_unique<Connection>(executor_, key, state->tls);
+  auto connection = std::make_unique<Connection>(executor_, server, state->tls);
   const auto ec = co_await open(connection.get(), server, upstream);
   if (ec) {
-    out.detail =
-        "upstream " + upstream.name + " (" + key + "): reconnecting failed: " + ec.message();
+    out.detail = "upstream " + upstream.name + " (" + server_key(server) +
+                 "): reconnecting failed: " + ec.message();
     co_return out;
   }
   out.connection.reset(connection.release());

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "gateway/common/deadline_list.hpp"
 #include "gateway/http/byte_stream.hpp"
 #include "gateway/http/handler.hpp"
 #include "gateway/http/upstream_response.hpp"
@@ -82,6 +83,10 @@ class UpstreamPool final : public Forwarder {
   /// errors: a null `connection` and a `detail` instead. `upstream` must stay valid until the
   /// returned awaitable completes (the caller holds its configuration snapshot).
   boost::asio::awaitable<Lease> lease(const config::Upstream& upstream, bool allow_pooled);
+  /// lease() without suspending when it can: an idle pooled connection to the server round robin
+  /// picks next. A null `connection` when that server has none idle (lease() then picks the same
+  /// server); `detail` says why when the upstream's TLS context cannot be built.
+  Lease take_pooled(const config::Upstream& upstream);
   /// A fresh connection to `server` of `upstream` (the C08 retry of a stale pooled connection).
   boost::asio::awaitable<Lease> reconnect(const config::Upstream& upstream, config::Server server);
   /// Returns a connection whose last response ended cleanly (complete, keep-alive, nothing read
@@ -103,11 +108,19 @@ class UpstreamPool final : public Forwarder {
                                            const config::Upstream& upstream, bool head,
                                            std::size_t hold_limit,
                                            std::shared_ptr<RequestBodySource> body);
-  std::unique_ptr<Connection> take_idle(UpstreamState& state, const std::string& server);
+  std::unique_ptr<Connection> take_idle(UpstreamState& state, const config::Server& server);
   void put_idle(UpstreamState& state, const config::Upstream& upstream,
                 std::unique_ptr<Connection> connection);
+  /// Arms the read that notices the upstream closing an idle connection (on_due of a pooled
+  /// Connection's entry).
+  static void watch_idle(common::DeadlineList::Entry& entry);
+
+  /// How long a pooled plain connection is idle before a read watches it.
+  static constexpr std::chrono::milliseconds kIdleWatchAfter{100};
 
   boost::asio::any_io_executor executor_;
+  /// Pooled connections not yet watched; destroyed after the connections in upstreams_.
+  common::DeadlineList idle_watches_;
   std::map<std::string, std::unique_ptr<UpstreamState>, std::less<>> upstreams_;
 };
 

@@ -340,6 +340,21 @@ BOOST_AUTO_TEST_CASE(removing_the_last_entry_stops_the_timer) {
   BOOST_TEST(list.expired() == 0u);
 }
 
+BOOST_AUTO_TEST_CASE(removing_the_last_entry_due_soon_leaves_the_timer_for_one_wake) {
+  // Entries that come and go one at a time (a quick exchange's clock) cost no cancel and re-arm
+  // each: a timer due within kLinger stays armed and fires once, for nothing.
+  asio::io_context io;
+  DeadlineList list(io.get_executor());
+  Repeating soon(list, 1);
+  soon.deadline = DeadlineList::Clock::now() + 20ms;
+  { DeadlineList::Guard guard(list, soon); }
+  io.poll();
+  BOOST_TEST(!io.stopped());  // the wait is still pending
+  io.run();                   // it fires and finds nothing due
+  BOOST_TEST(soon.seen.empty());
+  BOOST_TEST(list.expired() == 0u);
+}
+
 BOOST_AUTO_TEST_CASE(an_entry_outliving_its_list_is_left_unlinked) {
   asio::io_context io;
   Repeating* entry = nullptr;
