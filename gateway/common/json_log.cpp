@@ -9,10 +9,13 @@
 #include <atomic>
 #include <boost/json/serialize.hpp>
 #include <cerrno>
+#include <charconv>
 #include <condition_variable>
 #include <cstdio>
 #include <ctime>
+#include <limits>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -70,6 +73,26 @@ void append_string(Buffer& out, std::string_view text) {
   out.push_back('"');
 }
 
+// Numbers without a format string: the access line writes three per request.
+template <class Integer>
+void append_integer(Buffer& out, Integer value) {
+  char text[24];
+  const auto end = std::to_chars(text, text + sizeof text, value).ptr;
+  out.append(text, end);
+}
+
+// `value` with three decimals, as fmt's {:.3f}.
+void append_fixed3(Buffer& out, double value) {
+  char text[48];
+  const auto [end, ec] =
+      std::to_chars(text, text + sizeof text, value, std::chars_format::fixed, 3);
+  if (ec == std::errc{}) {
+    out.append(text, end);
+  } else {
+    fmt::format_to(std::back_inserter(out), "{:.3f}", value);  // too long for the stack buffer
+  }
+}
+
 // Boost.JSON writes doubles as 6.64E-1; durations read better as 0.664.
 void append_value(Buffer& out, const boost::json::value& v) {
   switch (v.kind()) {
@@ -77,13 +100,13 @@ void append_value(Buffer& out, const boost::json::value& v) {
       append_string(out, v.get_string());
       break;
     case boost::json::kind::double_:
-      fmt::format_to(std::back_inserter(out), "{:.3f}", v.get_double());
+      append_fixed3(out, v.get_double());
       break;
     case boost::json::kind::int64:
-      fmt::format_to(std::back_inserter(out), "{}", v.get_int64());
+      append_integer(out, v.get_int64());
       break;
     case boost::json::kind::uint64:
-      fmt::format_to(std::back_inserter(out), "{}", v.get_uint64());
+      append_integer(out, v.get_uint64());
       break;
     case boost::json::kind::bool_:
       append(out, v.get_bool() ? "true" : "false");
@@ -94,14 +117,28 @@ void append_value(Buffer& out, const boost::json::value& v) {
 }
 
 void append_rfc3339(Buffer& out, std::chrono::system_clock::time_point t) {
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch());
+  const auto ms = std::chrono::floor<std::chrono::milliseconds>(t.time_since_epoch());
   const std::time_t secs =
       static_cast<std::time_t>(std::chrono::floor<std::chrono::seconds>(ms).count());
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  fmt::format_to(std::back_inserter(out), "{:04d}-{:02d}-{:02d}T{:02d}:{:02d}:{:02d}.{:03d}Z",
-                 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                 static_cast<int>(ms.count() % 1000));
+  // The calendar part changes once a second: it is rendered once per second and thread.
+  struct Second {
+    std::time_t secs = std::numeric_limits<std::time_t>::min();
+    std::string text;  // "2026-12-05T07:10:42"
+  };
+  thread_local Second second;
+  if (second.secs != secs) {
+    std::tm tm{};
+    gmtime_r(&secs, &tm);
+    second.text = fmt::format("{:04d}-{:02d}-{:02d}T{:02d}:{:02d}:{:02d}", tm.tm_year + 1900,
+                              tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec);
+    second.secs = secs;
+  }
+  append(out, second.text);
+  const auto milli = static_cast<int>(ms.count() - std::chrono::milliseconds::rep{secs} * 1000);
+  const char fraction[] = {'.', static_cast<char>('0' + milli / 100),
+                           static_cast<char>('0' + milli / 10 % 10),
+                           static_cast<char>('0' + milli % 10), 'Z'};
+  out.append(fraction, fraction + sizeof fraction);
 }
 
 // `{"time":…,"level":…` — the opening every line shares.
@@ -333,7 +370,7 @@ class BatchingSink final : public spdlog::sinks::sink {
     Buffer line;
     append_head(line, "warning", std::chrono::system_clock::now());
     append(line, ",\"msg\":\"log lines dropped: the log output did not keep up\",\"dropped\":");
-    fmt::format_to(std::back_inserter(line), "{}", dropped);
+    append_integer(line, dropped);
     append(line, "}\n");
     batch.append(line.data(), line.size());
   }
@@ -396,15 +433,15 @@ void log_access(std::chrono::system_clock::time_point time, std::string_view rou
   append_key(line, "target");
   append_string(line, target);
   append_key(line, "status");
-  fmt::format_to(std::back_inserter(line), "{}", status);
+  append_integer(line, status);
   append_key(line, "outcome");
   append_string(line, outcome);
   append_key(line, "key_hash");
   append_string(line, key_hash);
   append_key(line, "upstream_ms");
-  fmt::format_to(std::back_inserter(line), "{:.3f}", upstream_ms);
+  append_fixed3(line, upstream_ms);
   append_key(line, "total_ms");
-  fmt::format_to(std::back_inserter(line), "{:.3f}", total_ms);
+  append_fixed3(line, total_ms);
   append_key(line, "client");
   append_string(line, client);
   append(line, written ? ",\"written\":true" : ",\"written\":false");
