@@ -360,26 +360,20 @@ asio::awaitable<void> header_deadline(Duplex& d, Clock::time_point head_by) {
   }
 }
 
-/// Writes a request whose body is held whole in up_buffer[0, held) (C08): the head rendered
-/// behind the body in the same buffer when it fits there, and both in one write. `expiry`: the
-/// write's own timeout, or nullopt when the caller times it (the stream's expiry is cleared).
-asio::awaitable<error_code> send_held(RelayState& x, Duplex& d,
-                                      std::optional<config::Duration> expiry) {
-  auto& req = x.parser.get();
+/// The request whose body is held whole in up_buffer[0, held) (C08) as one write: its head
+/// rendered behind the body in the same buffer; nullopt when the head does not fit there.
+std::optional<std::array<asio::const_buffer, 2>> held_request(RelayState& x) {
   const std::size_t head_size =
-      render_head(req, x.up_buffer.data() + x.held, x.up_buffer.size() - x.held);
-  if (expiry) {
-    d.up.tcp().expires_after(*expiry);
-  } else {
-    d.up.tcp().expires_never();  // not a deadline left from the connect
-  }
-  if (head_size > 0) {
-    const std::array<asio::const_buffer, 2> request{
-        asio::buffer(x.up_buffer.data() + x.held, head_size),
-        asio::buffer(x.up_buffer.data(), x.held)};
-    auto [ec, n] = co_await asio::async_write(d.up, request, use_nothrow);
-    co_return ec;
-  }
+      render_head(x.parser.get(), x.up_buffer.data() + x.held, x.up_buffer.size() - x.held);
+  if (head_size == 0) return std::nullopt;
+  return std::array<asio::const_buffer, 2>{asio::buffer(x.up_buffer.data() + x.held, head_size),
+                                           asio::buffer(x.up_buffer.data(), x.held)};
+}
+
+/// Writes a request whose body is held whole when held_request() found no room for its head:
+/// through Beast's serializer.
+asio::awaitable<error_code> send_serialized(RelayState& x, Duplex& d) {
+  auto& req = x.parser.get();
   req.body().data = x.held == 0 ? nullptr : x.up_buffer.data();
   req.body().size = x.held;
   req.body().more = false;
@@ -397,7 +391,13 @@ asio::awaitable<void> upload(RelayState& x, Duplex& d) {
   error_code wec;
   d.deadline.emplace(in.client.get_executor());
   if (x.retryable) {
-    wec = co_await send_held(x, d, x.upstream.request_timeout);
+    d.up.tcp().expires_after(x.upstream.request_timeout);
+    if (const auto request = held_request(x)) {
+      auto [ec, n] = co_await asio::async_write(d.up, *request, use_nothrow);
+      wec = ec;
+    } else {
+      wec = co_await send_serialized(x, d);
+    }
   } else {
     bhttp::request_serializer<bhttp::buffer_body> sr{req};
     d.up.tcp().expires_after(x.upstream.idle_timeout);
@@ -604,7 +604,13 @@ asio::awaitable<void> held_exchange(RelayState& x, Duplex& d, common::DeadlineLi
   clock.on_due = &HeldClock::due;
   {
     common::DeadlineList::Guard guard(deadlines, clock);
-    d.write_error = co_await send_held(x, d, std::nullopt);
+    d.up.tcp().expires_never();  // timed by the clock, not by a deadline left from the connect
+    if (const auto request = held_request(x)) {
+      auto [ec, n] = co_await asio::async_write(d.up, *request, use_nothrow);
+      d.write_error = ec;
+    } else {
+      d.write_error = co_await send_serialized(x, d);
+    }
     d.uploaded = true;
     // The response header's time counts from the request's end. The entry may wake before it;
     // it then looks again.
