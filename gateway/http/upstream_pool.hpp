@@ -44,7 +44,9 @@ namespace idemgate::http {
 ///   `max_response_body` → unknown_outcome.
 /// - Idle connections are kept up to `max_idle_connections` per upstream and dropped after
 ///   `idle_timeout`, or one second before the upstream's `Keep-Alive: timeout=N` if that is
-///   sooner; a connection the upstream already closed is never handed out.
+///   sooner. A plain connection idle for kIdleWatchAfter (100 ms) is watched, and leaves the pool
+///   as soon as the upstream closes it; one closed sooner may be handed out, and its request is
+///   retried once on a fresh connection (C08).
 ///
 /// Thread safety: not thread-safe; use from the executor's single thread only. forward() never
 /// throws for network errors. Destroying the pool closes its idle connections; it must outlive
