@@ -382,49 +382,40 @@ asio::awaitable<error_code> send_serialized(RelayState& x, Duplex& d) {
   co_return ec;
 }
 
-/// The request to the upstream: the header with a held body, or the header and then the body
-/// as it arrives (C38); then, once it is all out, the request_timeout for the response header.
+/// A request whose body is streamed (C38): the header, then the body as it arrives; then, once
+/// it is all out, the request_timeout for the response header. (A held body goes out in
+/// held_exchange.)
 asio::awaitable<void> upload(RelayState& x, Duplex& d) {
   auto& in = x.in;
   const config::Limits& limits = *in.limits;
   auto& req = x.parser.get();
   error_code wec;
   d.deadline.emplace(in.client.get_executor());
-  if (x.retryable) {
-    d.up.tcp().expires_after(x.upstream.request_timeout);
-    if (const auto request = held_request(x)) {
-      auto [ec, n] = co_await asio::async_write(d.up, *request, use_nothrow);
-      wec = ec;
-    } else {
-      wec = co_await send_serialized(x, d);
+  bhttp::request_serializer<bhttp::buffer_body> sr{req};
+  d.up.tcp().expires_after(x.upstream.idle_timeout);
+  auto [ec, n] = co_await bhttp::async_write_header(d.up, sr, use_nothrow);
+  wec = ec;
+  while (!wec && !sr.is_done() && !d.ended) {
+    const auto rec =
+        co_await read_body_piece(in.client, *in.client_buffer, x.parser, x.up_buffer.data(),
+                                 x.up_buffer.size(), limits.idle_timeout);
+    if (d.ended) break;  // answered in full: the rest of the body is not read (C47)
+    if (rec) {
+      // The client failed, stalled, left or passed max_streamed_body: the upstream has a
+      // partial request, so both connections end (C38, C48).
+      x.out.request_error = rec;
+      x.out.client_closed = closed_before_answer(rec) || rec == bhttp::error::partial_message;
+      note_cut(x.out, rec == bhttp::error::body_limit
+                          ? "the request body exceeds max_streamed_body (" +
+                                std::to_string(limits.max_streamed_body) + " bytes)"
+                          : "reading the request body failed: " + rec.message());
+      d.client_failed = true;
+      d.uploaded = true;
+      d.up.tcp().close();
+      co_return;
     }
-  } else {
-    bhttp::request_serializer<bhttp::buffer_body> sr{req};
-    d.up.tcp().expires_after(x.upstream.idle_timeout);
-    auto [ec, n] = co_await bhttp::async_write_header(d.up, sr, use_nothrow);
-    wec = ec;
-    while (!wec && !sr.is_done() && !d.ended) {
-      const auto rec =
-          co_await read_body_piece(in.client, *in.client_buffer, x.parser, x.up_buffer.data(),
-                                   x.up_buffer.size(), limits.idle_timeout);
-      if (d.ended) break;  // answered in full: the rest of the body is not read (C47)
-      if (rec) {
-        // The client failed, stalled, left or passed max_streamed_body: the upstream has a
-        // partial request, so both connections end (C38, C48).
-        x.out.request_error = rec;
-        x.out.client_closed = closed_before_answer(rec) || rec == bhttp::error::partial_message;
-        note_cut(x.out, rec == bhttp::error::body_limit
-                            ? "the request body exceeds max_streamed_body (" +
-                                  std::to_string(limits.max_streamed_body) + " bytes)"
-                            : "reading the request body failed: " + rec.message());
-        d.client_failed = true;
-        d.uploaded = true;
-        d.up.tcp().close();
-        co_return;
-      }
-      to_write(req, x.up_buffer.data(), x.up_buffer.size(), x.parser.is_done());
-      wec = co_await write_piece(d.up, sr, x.upstream.idle_timeout);
-    }
+    to_write(req, x.up_buffer.data(), x.up_buffer.size(), x.parser.is_done());
+    wec = co_await write_piece(d.up, sr, x.upstream.idle_timeout);
   }
   // A failed write ends nothing by itself: the upstream may have answered before it stopped
   // reading (C47), and the download finds out.
@@ -812,7 +803,7 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
     d.emplace(UpstreamPool::stream_of(*lease->connection));
     x.failure.clear();
     x.stale = x.timed_out = false;
-    if (x.retryable && in.deadlines) {
+    if (x.retryable) {
       co_await held_exchange(x, *d, *in.deadlines);
     } else {
       // Both directions at once from the first byte (C47), the client watched (C48).

@@ -49,8 +49,8 @@ struct RelayRequest {
   const config::Limits* limits = nullptr;
   const config::Upstream* upstream = nullptr;
   UpstreamPool* pool = nullptr;
-  /// The io thread's deadline list: a request whose body is held whole is timed by an entry of
-  /// it rather than by a timer of its own. Null: by a timer.
+  /// The io thread's deadline list (required): a request whose body is held whole is timed by
+  /// an entry of it rather than by a timer of its own.
   common::DeadlineList* deadlines = nullptr;
   RequestHandler* handler = nullptr;  ///< strip_owned_fields, add_route_fields on the response
   /// The route and the request's Origin ("" when none), for add_route_fields; both point into
