@@ -334,6 +334,18 @@ bool H2Codec::receive(const void* data, std::size_t size) {
   const auto rv = nghttp2_session_mem_recv(session_, static_cast<const std::uint8_t*>(data), size);
   if (rv < 0) {
     error_ = nghttp2_strerror(static_cast<int>(rv));
+    // libnghttp2 gives up on these without a GOAWAY of its own; C51 wants the peer told.
+    if (rv == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS) {
+      calm_down("continuation_flood",
+                "more CONTINUATION frames in one header block than libnghttp2 accepts");
+    } else if (rv == NGHTTP2_ERR_FLOODED) {
+      calm_down("flood",
+                "more frames queued for a peer that does not read them than "
+                "libnghttp2 accepts");
+    } else if (!calm_ && !stopped_) {
+      nghttp2_session_terminate_session(session_, NGHTTP2_PROTOCOL_ERROR);
+      events_.wants_write();
+    }
     return false;
   }
   if (filler_bytes_ > kFillerBytes) {

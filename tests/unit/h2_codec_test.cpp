@@ -265,6 +265,22 @@ BOOST_AUTO_TEST_CASE(spec_C51_an_hpack_bomb_ends_the_connection) {
   BOOST_TEST(h.ready.empty());
 }
 
+BOOST_AUTO_TEST_CASE(spec_C51_a_continuation_flood_of_small_frames_gets_goaway) {
+  Harness h;  // 1 KiB of header list: the frames below stay under it
+  h.open();
+  std::string flood =
+      h2::frame(h2::kHeaders, 0, 1, h2::header_block(h2::request_fields("GET", "/")));
+  for (int i = 0; i < 64; ++i) {
+    flood += h2::frame(h2::kContinuation, 0, 1, h2::header_block({{"x", "1"}}));
+  }
+  BOOST_TEST(!h.feed(flood));
+  BOOST_TEST(h.calmed_reasons == std::vector<std::string>{"continuation_flood"});
+  const auto goaway = Harness::find(h.frames(), h2::kGoaway, 0);
+  BOOST_TEST_REQUIRE(goaway.has_value());
+  BOOST_TEST(goaway->error_code() == h2::kEnhanceYourCalm);
+  BOOST_TEST(h.ready.empty());
+}
+
 BOOST_AUTO_TEST_CASE(spec_C51_a_megabyte_of_unknown_frames_ends_the_connection) {
   Harness h;
   h.open();
