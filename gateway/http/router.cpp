@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <boost/beast/core/string.hpp>
+#include <optional>
 
 #include "gateway/common/host_port.hpp"
 
@@ -33,12 +34,15 @@ bool method_matches(const std::vector<std::string>& methods, std::string_view me
 
 const config::Route* match(const config::Config& config, std::string_view host,
                            std::string_view path, std::string_view method) {
-  const auto name = common::authority_host(host);
+  // The host part is cut out of the authority only once a route names a host.
+  std::optional<std::string_view> name;
   for (const auto& route : config.routes) {
-    if (host_matches(route.match.host, name) && path_matches(route.match, path) &&
-        method_matches(route.match.methods, method)) {
-      return &route;
+    if (!path_matches(route.match, path) || !method_matches(route.match.methods, method)) continue;
+    if (!route.match.host.empty()) {
+      if (!name) name = common::authority_host(host);
+      if (!host_matches(route.match.host, *name)) continue;
     }
+    return &route;
   }
   return nullptr;
 }
