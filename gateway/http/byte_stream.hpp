@@ -10,9 +10,13 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
 #include <boost/system/error_code.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <utility>
+
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 namespace idemgate::http {
 
@@ -34,6 +38,39 @@ class ByteStream {
   bool is_tls() const { return tls_ != nullptr; }
   /// The next operation's deadline (beast::get_lowest_layer of a ByteStream is itself).
   void expires_after(std::chrono::steady_clock::duration d) { tcp_->expires_after(d); }
+
+  /// Writes what the connection takes at once, without waiting: a plain connection whose send
+  /// buffer has room takes a whole response in one `sendmsg`, with no asynchronous operation,
+  /// timer or handler behind it. Returns the bytes written: 0 for a TLS connection (not tried)
+  /// and when the send buffer is full. Only when no write is pending on the connection; `error`
+  /// is set when the connection failed (the caller's next write then fails too).
+  template <class ConstBufferSequence>
+  std::size_t write_now(const ConstBufferSequence& buffers, boost::system::error_code& error) {
+    error = {};
+    if (tls_) return 0;
+    constexpr std::size_t kMaxPieces = 16;
+    iovec pieces[kMaxPieces];
+    std::size_t count = 0;
+    for (auto it = boost::asio::buffer_sequence_begin(buffers);
+         it != boost::asio::buffer_sequence_end(buffers) && count < kMaxPieces; ++it) {
+      const boost::asio::const_buffer piece(*it);
+      if (piece.size() == 0) continue;
+      pieces[count].iov_base = const_cast<void*>(piece.data());
+      pieces[count].iov_len = piece.size();
+      ++count;
+    }
+    if (count == 0) return 0;
+    msghdr message{};
+    message.msg_iov = pieces;
+    message.msg_iovlen = count;
+    const ssize_t n =
+        ::sendmsg(tcp_->socket().native_handle(), &message, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n >= 0) return static_cast<std::size_t>(n);
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      error.assign(errno, boost::system::system_category());
+    }
+    return 0;
+  }
 
   template <class MutableBufferSequence, class Token>
   auto async_read_some(const MutableBufferSequence& buffers, Token&& token) {

@@ -6,6 +6,8 @@
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/beast/core/buffer_traits.hpp>
+#include <boost/beast/core/buffers_suffix.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/error.hpp>
@@ -223,6 +225,17 @@ std::optional<std::size_t> whole_body_read(const StreamResponseParser& parser,
   return static_cast<std::size_t>(*length);
 }
 
+/// Writes what ByteStream::write_now() left of `buffers` (the first `sent` bytes went), within
+/// the stream's expiry.
+template <class Buffers>
+asio::awaitable<error_code> write_rest(ByteStream stream, const Buffers& buffers,
+                                       std::size_t sent) {
+  beast::buffers_suffix<Buffers> rest(buffers);
+  rest.consume(sent);
+  auto [ec, n] = co_await asio::async_write(stream, rest, use_nothrow);
+  co_return ec;
+}
+
 /// Writes `header` and the first `length` bytes of `buffer` (the whole body) in one write within
 /// `timeout`, the head rendered into `scratch`; consumes those bytes. The serializer writes a
 /// head that does not fit `scratch`.
@@ -239,7 +252,9 @@ asio::awaitable<error_code> write_whole(ByteStream client, const bhttp::response
   }
   const std::array<asio::const_buffer, 2> message{asio::buffer(scratch.data(), head_size),
                                                   asio::buffer(buffer.data().data(), length)};
-  auto [ec, n] = co_await asio::async_write(client, message, use_nothrow);
+  error_code ec;
+  const std::size_t sent = client.write_now(message, ec);
+  if (!ec && sent < head_size + length) ec = co_await write_rest(client, message, sent);
   buffer.consume(length);
   co_return ec;
 }
@@ -597,7 +612,11 @@ asio::awaitable<void> held_exchange(RelayState& x, Duplex& d, common::DeadlineLi
     common::DeadlineList::Guard guard(deadlines, clock);
     d.up.tcp().expires_never();  // timed by the clock, not by a deadline left from the connect
     if (const auto request = held_request(x)) {
-      auto [ec, n] = co_await asio::async_write(d.up, *request, use_nothrow);
+      // Most requests go at once, in one sendmsg without an asynchronous operation.
+      error_code ec;
+      const std::size_t sent = d.up.write_now(*request, ec);
+      if (!ec && sent < beast::buffer_bytes(*request))
+        ec = co_await write_rest(d.up, *request, sent);
       d.write_error = ec;
     } else {
       d.write_error = co_await send_serialized(x, d);
