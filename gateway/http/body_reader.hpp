@@ -1,6 +1,7 @@
 #pragma once
-// Reading a message body after its header: Beast's async_read with two guards for chunked bodies
-// that Beast 1.81 lacks. Used for requests (session) and upstream responses (upstream pool) alike.
+// Reading a message header from what was read already, and a body after its header: Beast's
+// async_read with two guards for chunked bodies that Beast 1.81 lacks. Used for requests
+// (session) and upstream responses (upstream pool) alike.
 
 #include <algorithm>
 #include <boost/asio/awaitable.hpp>
@@ -45,6 +46,24 @@ inline ChunkExtensionCheck chunk_extension_check;
 template <bool isRequest, class Body, class Allocator>
 void check_chunk_extensions(boost::beast::http::parser<isRequest, Body, Allocator>& parser) {
   parser.on_chunk_header(chunk_extension_check);
+}
+
+/// Parses the header that `buffer` holds into `parser`, consuming its bytes: success once the
+/// header is parsed, the parser's error (bad_method, header_limit, ...), or nullopt when the
+/// header is not whole in `buffer` yet (nothing consumed). As Beast's read_header without the
+/// read: a header that arrived whole costs no asynchronous operation.
+template <bool isRequest, class Body, class Allocator>
+std::optional<boost::system::error_code> put_header(
+    boost::beast::flat_buffer& buffer,
+    boost::beast::http::parser<isRequest, Body, Allocator>& parser) {
+  if (parser.is_header_done()) return boost::system::error_code{};
+  if (buffer.size() == 0) return std::nullopt;
+  boost::system::error_code ec;
+  buffer.consume(parser.put(buffer.data(), ec));
+  if (ec == boost::beast::http::error::need_more) return std::nullopt;
+  if (ec) return ec;
+  if (parser.is_header_done()) return ec;
+  return std::nullopt;
 }
 
 /// The part of async_read_body that needs no I/O: hands `parser` what `buffer` holds (never fewer

@@ -153,11 +153,9 @@ class BasicSession final : public Session {
   asio::awaitable<bool> complete_header(beast::flat_buffer& buffer, std::uint32_t header_limit,
                                         Clock::time_point deadline);
   /// Parses the head that `buffer` holds whole into `parser` and checks it (obs-fold, framing,
-  /// Host, absolute-form: C03), setting `reject` for a request the gateway refuses. False when
-  /// the connection itself failed (nothing is answered).
-  asio::awaitable<bool> read_head(beast::flat_buffer& buffer, HeldParser& parser,
-                                  const config::Limits& limits, Clock::time_point started,
-                                  std::optional<Rejection>& reject);
+  /// Host, absolute-form: C03): the rejection of a request the gateway refuses, if it is one.
+  std::optional<Rejection> parse_head(beast::flat_buffer& buffer, HeldParser& parser,
+                                      const config::Limits& limits);
   /// Writes `100 Continue` (RFC 9110 §10.1.1) within idle_timeout; false when it failed.
   asio::awaitable<bool> send_continue(const config::Limits& limits);
   /// Reads the body of a request the handler holds, bounded by max_request_body (C04), each read
@@ -399,25 +397,17 @@ asio::awaitable<bool> BasicSession<Stream>::complete_header(beast::flat_buffer& 
 }
 
 template <class Stream>
-asio::awaitable<bool> BasicSession<Stream>::read_head(beast::flat_buffer& buffer,
-                                                      HeldParser& parser,
-                                                      const config::Limits& limits,
-                                                      Clock::time_point started,
-                                                      std::optional<Rejection>& reject) {
-  // The header section is whole in `buffer` (complete_header): what is left is parsed under
-  // its deadline.
-  lowest().expires_at(started + limits.header_read_timeout);
+std::optional<Rejection> BasicSession<Stream>::parse_head(beast::flat_buffer& buffer,
+                                                          HeldParser& parser,
+                                                          const config::Limits& limits) {
   if (has_obs_fold({static_cast<const char*>(buffer.data().data()), buffer.size()})) {
-    reject = obs_fold_rejection();
-    co_return true;
+    return obs_fold_rejection();
   }
-  auto [ec, n] = co_await bhttp::async_read_header(stream_, buffer, parser, use_nothrow);
-  if (ec) {
-    reject = rejection_for(ec, limits);
-    co_return reject.has_value();  // no rejection: the connection itself failed
-  }
-  reject = check_request_head(parser.get().base(), parser.chunked());
-  co_return true;
+  // The section is whole in `buffer` (header_section_complete), or one the parser refuses: the
+  // parser never needs more here.
+  const auto ec = put_header(buffer, parser).value_or(bhttp::error::need_more);
+  if (ec) return rejection_for(ec, limits);
+  return check_request_head(parser.get().base(), parser.chunked());
 }
 
 template <class Stream>
@@ -524,8 +514,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(beast::flat_buffer& buffer
   check_chunk_extensions(parser);  // RFC 9112 §7.1.1, C03
 
   // A request the gateway refuses itself (C03, C04); the connection closes after the answer.
-  std::optional<Rejection> reject;
-  if (!co_await read_head(buffer, parser, limits, started, reject)) co_return false;
+  std::optional<Rejection> reject = parse_head(buffer, parser, limits);
   const bool parsed = parser.is_header_done();
   const unsigned version = parsed ? parser.get().version() : 11;
   // Before anything is answered: every answer, the gateway's own included, carries the id.

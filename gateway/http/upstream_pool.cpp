@@ -13,6 +13,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/read_size.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/error.hpp>
@@ -453,6 +454,9 @@ void UpstreamPool::give_back(const config::Upstream& upstream, Lease lease,
   put_idle(*state, upstream, std::move(connection));
 }
 
+/// The most a read of a response header asks for (Beast's own read size).
+constexpr std::size_t kResponseReadSize = 64 * 1024;
+
 asio::awaitable<ResponseHead> read_response_head(ByteStream stream, beast::flat_buffer& buffer,
                                                  std::unique_ptr<StreamResponseParser>& parser,
                                                  bool head, bool upgrade) {
@@ -460,7 +464,35 @@ asio::awaitable<ResponseHead> read_response_head(ByteStream stream, beast::flat_
   for (;;) {
     parser = std::make_unique<StreamResponseParser>();
     prepare_response_parser(*parser, head);
-    auto [ec, n] = co_await bhttp::async_read_header(stream, buffer, *parser, use_nothrow);
+    // As Beast's async_read_header, one read_some at a time on the stream itself: no composed
+    // operation, and no read when the header came with the last one.
+    boost::system::error_code ec;
+    for (;;) {
+      if (const auto parsed = put_header(buffer, *parser)) {
+        ec = *parsed;
+        break;
+      }
+      const std::size_t room = beast::read_size(buffer, kResponseReadSize);
+      if (room == 0) {
+        ec = bhttp::error::buffer_overflow;
+        break;
+      }
+      auto [rec, n] = co_await stream.async_read_some(buffer.prepare(room), use_nothrow);
+      buffer.commit(n);
+      if (rec == asio::error::eof) {
+        // Closed inside a header, or before one began (Beast's two answers).
+        if (parser->got_some()) {
+          parser->put_eof(ec);
+        } else {
+          ec = bhttp::error::end_of_stream;
+        }
+        break;
+      }
+      if (rec) {
+        ec = rec;
+        break;
+      }
+    }
     if (ec) {
       out.got_bytes = out.got_bytes || parser->got_some() || buffer.size() > 0;
       out.error = ec;
