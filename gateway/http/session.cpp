@@ -25,6 +25,7 @@
 #include <limits>
 #include <optional>
 #include <string_view>
+#include <tuple>
 
 #include "gateway/common/http_date.hpp"
 #include "gateway/common/json_log.hpp"
@@ -146,6 +147,10 @@ class BasicSession final : public Session {
   asio::awaitable<bool> serve_one(beast::flat_buffer& buffer,
                                   std::shared_ptr<const config::Config> config,
                                   Clock::time_point started);
+  /// One read into `buffer` that must complete by `deadline` (C07), else the connection is
+  /// closed; `n` bytes were committed.
+  asio::awaitable<std::tuple<boost::system::error_code, std::size_t>> read_some_by(
+      beast::flat_buffer& buffer, Clock::time_point deadline);
   /// Reads until `buffer` holds a whole header section (or one the parser refuses), by
   /// `deadline` (C07); false when the connection ended first (EOF, reset, the deadline, a
   /// drain). A small frame of its own, so that a slow client (slowloris, C54) holds no frame of
@@ -276,11 +281,10 @@ asio::awaitable<void> BasicSession<Stream>::run() {
       state_ = State::idle;
       // C07: a new connection gets header_read_timeout for its first byte, a kept-alive one
       // idle_timeout between requests.
-      const auto limits = context_->config()->limits;
-      lowest().expires_after(first ? limits.header_read_timeout : limits.idle_timeout);
-      auto [ec, n] = co_await stream_.async_read_some(read_room(buffer), use_nothrow);
+      const auto& limits = context_->config()->limits;
+      const auto [ec, n] = co_await read_some_by(
+          buffer, Clock::now() + (first ? limits.header_read_timeout : limits.idle_timeout));
       if (ec) break;
-      buffer.commit(n);
     }
     bool h2 = false;
     if constexpr (!kTls) {
@@ -311,6 +315,30 @@ asio::awaitable<void> BasicSession<Stream>::run() {
     }
   }
   lowest().close();
+}
+
+template <class Stream>
+asio::awaitable<std::tuple<boost::system::error_code, std::size_t>>
+BasicSession<Stream>::read_some_by(beast::flat_buffer& buffer, Clock::time_point deadline) {
+  if constexpr (!kTls) {
+    if (context_->header_deadlines) {
+      // A keep-alive connection waits for its next request in the thread's deadline list: no
+      // timer is armed and cancelled around every read (C07).
+      auto& socket = lowest().socket();
+      lowest().expires_never();
+      SlowHeader waiting(socket, deadline);
+      HeaderDeadlines::Guard guard(*context_->header_deadlines, waiting);
+      auto [ec, n] = co_await socket.async_read_some(read_room(buffer), use_nothrow);
+      buffer.commit(n);
+      // Closed at its deadline after these bytes were read: not served.
+      if (!ec && !socket.is_open()) ec = asio::error::operation_aborted;
+      co_return std::tuple{ec, n};
+    }
+  }
+  lowest().expires_at(deadline);
+  auto [ec, n] = co_await stream_.async_read_some(read_room(buffer), use_nothrow);
+  buffer.commit(n);
+  co_return std::tuple{ec, n};
 }
 
 template <class Stream>
