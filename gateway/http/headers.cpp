@@ -18,10 +18,21 @@ namespace {
 
 namespace bhttp = boost::beast::http;
 
-constexpr std::string_view kHopByHop[] = {
-    "Connection", "Keep-Alive",          "Proxy-Connection",   "TE", "Trailer", "Transfer-Encoding",
-    "Upgrade",    "Proxy-Authorization", "Proxy-Authenticate",
+constexpr bhttp::field kHopByHop[] = {
+    bhttp::field::connection,
+    bhttp::field::keep_alive,
+    bhttp::field::proxy_connection,
+    bhttp::field::te,
+    bhttp::field::trailer,
+    bhttp::field::transfer_encoding,
+    bhttp::field::upgrade,
+    bhttp::field::proxy_authorization,
+    bhttp::field::proxy_authenticate,
 };
+
+bool hop_by_hop(bhttp::field name) {
+  return std::find(std::begin(kHopByHop), std::end(kHopByHop), name) != std::end(kHopByHop);
+}
 
 }  // namespace
 
@@ -52,10 +63,10 @@ bool upgrade_names(const Fields& fields, std::string_view protocol) {
 }
 
 void strip_hop_by_hop(Fields& fields) {
-  // Fields named by Connection go first: the Connection field itself is among kHopByHop. Host
-  // is exempt: a client naming it would otherwise make the forwarded request invalid (C02 keeps
-  // it). The names are copied: erasing fields frees the values the list points into. (Usually
-  // one name, "keep-alive" or "close": no allocation.)
+  // The fields named by Connection go too (the Connection field itself is among kHopByHop).
+  // Host is exempt: a client naming it would otherwise make the forwarded request invalid (C02
+  // keeps it). The names are copied: erasing fields frees the values the list points into.
+  // (Usually one name, "keep-alive" or "close": no allocation.)
   boost::container::small_vector<std::string, 2> named;
   for (const auto& f : fields) {
     if (f.name() != bhttp::field::connection) continue;
@@ -63,11 +74,21 @@ void strip_hop_by_hop(Fields& fields) {
       if (!boost::beast::iequals(name, "Host")) named.emplace_back(name);
     }
   }
-  for (const auto& name : named) fields.erase(name);
-  for (const auto name : kHopByHop) fields.erase(name);
+  // One pass over the fields, the listed ones known by their enum: no lookup per name.
+  for (auto it = fields.begin(); it != fields.end();) {
+    const bool drop = hop_by_hop(it->name()) ||
+                      std::any_of(named.begin(), named.end(), [&](const std::string& name) {
+                        return boost::beast::iequals(it->name_string(), name);
+                      });
+    it = drop ? fields.erase(it) : std::next(it);
+  }
 }
 
 void append_to_list(Fields& fields, std::string_view name, std::string_view value) {
+  if (fields.find(name) == fields.end()) {  // the usual case: the list begins here
+    fields.insert(name, value);
+    return;
+  }
   std::string joined;
   for (const auto& f : fields) {
     if (!boost::beast::iequals(f.name_string(), name)) continue;
