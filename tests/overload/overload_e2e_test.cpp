@@ -445,7 +445,9 @@ BOOST_AUTO_TEST_CASE(spec_C53_a_slow_route_sheds_past_max_in_flight_before_any_l
     return metric(gateway, "idemgate_requests_total", {{"route", "pay"}, {"outcome", "shed"}}) ==
            static_cast<double>(kClients - kMaxInFlight);
   }));
-  BOOST_TEST(upstream.count("/payments") == kMaxInFlight);
+  // The admitted eight reach the upstream (on a loaded machine, after the shed answers), and
+  // stay there: no ninth comes.
+  BOOST_TEST_REQUIRE(eventually([&] { return upstream.count("/payments") == kMaxInFlight; }));
   // No lock was asked for, and no record looked up, for a shed request.
   BOOST_TEST(metric(gateway, "idemgate_store_duration_seconds_count",
                     {{"store", "redis"}, {"op", "try_acquire"}}) ==
