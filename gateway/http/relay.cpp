@@ -302,7 +302,7 @@ struct Duplex {
   std::unique_ptr<StreamResponseParser> rparser;
   /// The upload's: from the request's end, kWatchAfter, then request_timeout for the header.
   /// A held exchange's: the end of its client watch. Made only where it is waited on.
-  std::optional<asio::steady_timer> deadline;
+  std::unique_ptr<asio::steady_timer> deadline;
   bool uploaded = false;       ///< the upload task is past the request (sent, or failed)
   bool answered = false;       ///< the response header arrived, or reading it failed
   bool ended = false;          ///< the download task ended: the others stop
@@ -405,7 +405,7 @@ asio::awaitable<void> upload(RelayState& x, Duplex& d) {
   const config::Limits& limits = *in.limits;
   auto& req = x.parser.get();
   error_code wec;
-  d.deadline.emplace(in.client.get_executor());
+  d.deadline = std::make_unique<asio::steady_timer>(in.client.get_executor());
   bhttp::request_serializer<bhttp::buffer_body> sr{req};
   d.up.tcp().expires_after(x.upstream.idle_timeout);
   auto [ec, n] = co_await bhttp::async_write_header(d.up, sr, use_nothrow);
@@ -629,7 +629,8 @@ asio::awaitable<void> held_exchange(RelayState& x, Duplex& d, common::DeadlineLi
   }
   if (clock.watch_started && !clock.watch_done) {
     // download() ended the watch's read: wait for the task to finish with x and d.
-    d.deadline.emplace(x.in.client.get_executor(), Clock::time_point::max());
+    d.deadline =
+        std::make_unique<asio::steady_timer>(x.in.client.get_executor(), Clock::time_point::max());
     while (!clock.watch_done) co_await d.deadline->async_wait(use_nothrow);
   }
 }
@@ -697,6 +698,40 @@ asio::awaitable<void> tunnel(RelayState& x, Duplex& d) {
   out.keep_alive = false;
 }
 
+/// Both directions at once from the first byte (C47), the client watched (C48): a request
+/// whose body is streamed. A frame of its own, so that relay()'s stays small.
+asio::awaitable<void> duplex_exchange(RelayState& x, Duplex& d) {
+  using namespace asio::experimental::awaitable_operators;
+  co_await (upload(x, d) && download(x, d));
+}
+
+// The rare paths of relay() as plain functions: their temporaries stay on the stack instead of
+// in relay()'s coroutine frame.
+
+/// Reading a held request body failed before anything went to the upstream.
+void body_failed(RelayOutcome& out, const error_code& ec) {
+  out.cut = "reading the request body failed: " + ec.message();
+  out.request_error = ec;
+  out.client_closed = closed_before_answer(ec) || ec == bhttp::error::partial_message;
+  out.outcome = "passthrough";
+}
+
+/// A request without Host (HTTP/1.0) gets the upstream server's `host:port`.
+void set_host(bhttp::request<bhttp::buffer_body>& req, const config::Server& server) {
+  req.set(bhttp::field::host, server_text(server));
+}
+
+/// No response from the upstream: the problem answer the session writes (C05).
+void upstream_failed(RelayState& x, bool reached) {
+  RelayOutcome& out = x.out;
+  out.outcome = "upstream_error";
+  out.keep_alive = x.in.client_keep_alive && x.parser.is_done();
+  const Problem problem = !reached      ? Problem::upstream_unreachable
+                          : x.timed_out ? Problem::upstream_timeout
+                                        : Problem::upstream_failed;
+  out.problem = make_problem(problem, x.failure, x.in.client_version, out.keep_alive);
+}
+
 }  // namespace
 
 asio::awaitable<TailOutcome> send_tail(ByteStream client, const bhttp::response_header<>& header,
@@ -744,14 +779,12 @@ asio::awaitable<error_code> read_tail_piece(ResponseTail& tail, char* data, std:
   co_return ec;
 }
 
-asio::awaitable<RelayOutcome> relay(RelayRequest in) {
-  using namespace asio::experimental::awaitable_operators;
+asio::awaitable<void> relay(RelayRequest& in, RelayOutcome& out) {
   // The session holds the configuration snapshot these point into until the relay returns.
   const config::Limits& limits = *in.limits;
   const config::Upstream& upstream = *in.upstream;
   StreamRequestParser& parser = *in.parser;
   auto& req = parser.get();
-  RelayOutcome out;
   const auto start = Clock::now();
   const std::size_t piece = limits.stream_buffer;
   StreamBuffer up_buffer(piece);  // client → upstream
@@ -787,11 +820,8 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
                                       up_buffer.data() + x.held, room, limits.idle_timeout);
       }
       if (ec) {
-        out.cut = "reading the request body failed: " + ec.message();
-        out.request_error = ec;
-        out.client_closed = closed_before_answer(ec) || ec == bhttp::error::partial_message;
-        out.outcome = "passthrough";
-        co_return out;
+        body_failed(out, ec);
+        co_return;
       }
       x.held += room - req.body().size;
     }
@@ -818,15 +848,14 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
     }
     reached = true;
     x.server = lease->server;
-    if (req.count(bhttp::field::host) == 0) req.set(bhttp::field::host, server_text(x.server));
+    if (req.count(bhttp::field::host) == 0) set_host(req, x.server);
     d.emplace(UpstreamPool::stream_of(*lease->connection));
     x.failure.clear();
     x.stale = x.timed_out = false;
     if (x.retryable) {
       co_await held_exchange(x, *d, *in.deadlines);
     } else {
-      // Both directions at once from the first byte (C47), the client watched (C48).
-      co_await (upload(x, *d) && download(x, *d));
+      co_await duplex_exchange(x, *d);
     }
     if (x.stale && attempt == 0 && lease->pooled && x.retryable && !out.client_closed) {
       continue;  // C08: the pooled connection was closed as the request went out
@@ -840,24 +869,17 @@ asio::awaitable<RelayOutcome> relay(RelayRequest in) {
     // or 413 when it can, C03, C38); the upstream connection is already closed.
     if (out.outcome.empty()) out.outcome = "passthrough";
     out.keep_alive = false;
-    co_return out;
+    co_return;
   }
   if (!x.failure.empty()) {
-    out.outcome = "upstream_error";
-    out.keep_alive = in.client_keep_alive && parser.is_done();
-    const Problem problem = !reached      ? Problem::upstream_unreachable
-                            : x.timed_out ? Problem::upstream_timeout
-                                          : Problem::upstream_failed;
-    out.problem = make_problem(problem, x.failure, in.client_version, out.keep_alive);
-    co_return out;
+    upstream_failed(x, reached);
+    co_return;
   }
   if (!x.tunnel) {
     if (x.reusable) in.pool->give_back(upstream, std::move(*lease), x.upstream_keep_alive);
-    co_return out;
+    co_return;
   }
-
   co_await tunnel(x, *d);
-  co_return out;
 }
 
 }  // namespace idemgate::http

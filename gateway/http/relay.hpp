@@ -120,7 +120,8 @@ struct RelayOutcome {
 /// - A tunnel relays bytes both ways until a side closes, a read or write fails, or nothing
 ///   moved for `limits.tunnel_idle_timeout`; the client connection then closes.
 /// Never throws for network errors.
-boost::asio::awaitable<RelayOutcome> relay(RelayRequest request);
+/// `request` and `outcome` belong to the caller and must outlive the awaitable.
+boost::asio::awaitable<void> relay(RelayRequest& request, RelayOutcome& outcome);
 
 /// How sending a response with a ResponseTail ended.
 struct TailOutcome {

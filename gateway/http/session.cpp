@@ -178,11 +178,27 @@ class BasicSession final : public Session {
                                      unsigned version, bool head, bool& keep_alive);
   /// The access line (C32) and the request_done observer of one answered request.
   void log_done(const Done& done, Clock::time_point started);
+  /// The rest of serve_one for a request the handler holds (or the gateway refuses): the
+  /// handler's answer, or the rejection's, written and logged. False when the connection is to
+  /// close after it.
+  /// The references point into serve_one's frame, which outlives it.
+  asio::awaitable<bool> serve_held(HeldParser& parser,
+                                   const std::shared_ptr<const config::Config>& config,
+                                   const config::Route* route, bool handled,
+                                   Admission::Ticket& in_flight, bool shed, bool shed_unread_body,
+                                   std::optional<Rejection>& reject, unsigned version,
+                                   std::string_view origin, Clock::time_point started);
   /// A routed request that the handler does not hold, streamed (SPEC C38) or tunnelled (C40).
   asio::awaitable<bool> stream_one(beast::flat_buffer& buffer, HeldParser& parser,
                                    const config::Config& config, const config::Route& route,
                                    const config::Upstream& upstream, Clock::time_point started,
                                    std::string_view origin);
+  /// Writes a streamed exchange's problem answer (`outcome.problem`: the relay wrote nothing)
+  /// and logs an upstream failure; sets `written` and `status`. A frame of its own, as the
+  /// rare path it is.
+  asio::awaitable<void> write_problem(RelayOutcome& outcome, const config::Config& config,
+                                      const config::Route& route, const config::Upstream& upstream,
+                                      std::string_view origin, unsigned version, bool head);
   /// The lines of a streamed exchange: a cut, and its access line (a tunnel's with its bytes).
   void log_streamed(const RelayOutcome& outcome, const config::Route& route,
                     std::string_view method, std::string_view target, Clock::time_point started);
@@ -205,6 +221,10 @@ class BasicSession final : public Session {
   std::string trace_id_;
   /// Set while the connection speaks HTTP/2 (C49).
   std::unique_ptr<H2Connection> h2_;
+  /// The current request's parsers, built in place for each request: kept out of the
+  /// coroutine frames, which then stay small enough for glibc's per-thread cache.
+  std::optional<HeldParser> held_parser_;
+  std::optional<StreamRequestParser> streamed_parser_;
 };
 
 template <class Stream>
@@ -534,7 +554,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(beast::flat_buffer& buffer
                                                       std::shared_ptr<const config::Config> config,
                                                       Clock::time_point started) {
   const auto& limits = config->limits;
-  HeldParser parser;
+  HeldParser& parser = held_parser_.emplace();
   parser.header_limit(header_limit_of(limits));
   // The body limit depends on the route: max_request_body for a request the handler holds,
   // max_streamed_body for a streamed one (C04, C38). It is set once the header is routed.
@@ -589,7 +609,17 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(beast::flat_buffer& buffer
   if (!reject && !shed_unread_body && !parser.is_done()) {
     if (!co_await read_held_body(buffer, parser, limits, reject)) co_return false;
   }
+  const bool handled = !shed && route && upstream != config->upstreams.end();
+  co_return co_await serve_held(parser, config, route, handled, in_flight, shed, shed_unread_body,
+                                reject, version, origin, started);
+}
 
+template <class Stream>
+asio::awaitable<bool> BasicSession<Stream>::serve_held(
+    HeldParser& parser, const std::shared_ptr<const config::Config>& config,
+    const config::Route* route, bool handled, Admission::Ticket& in_flight, bool shed,
+    bool shed_unread_body, std::optional<Rejection>& reject, unsigned version,
+    std::string_view origin, Clock::time_point started) {
   Request request = parser.release();
   const std::string method(request.method_string());
   const std::string target(request.target());
@@ -607,7 +637,6 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(beast::flat_buffer& buffer
       keep_alive = false;
       reject_pending_input_ = true;
     }
-    const bool handled = !shed && route && upstream != config->upstreams.end();
     // A named argument: GCC 12 destroys a braced temporary in a co_await expression twice.
     RoutedRequest routed{std::move(request),      config,     route,
                          std::move(in_flight),    shed,       client_ip_,
@@ -645,7 +674,7 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
   }
   prepare_forwarded(header, client_ip_, kTls ? "https" : "http");
 
-  StreamRequestParser streamed{std::move(parser)};
+  StreamRequestParser& streamed = streamed_parser_.emplace(std::move(parser));
   streamed.on_chunk_header(chunk_extension_check);  // RFC 9112 §7.1.1, C03
   // No configured limit is 2^63-1 bytes: a chunk size beyond it is no body anyone sends.
   streamed.body_limit(limits.max_streamed_body > 0
@@ -681,7 +710,7 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
     request.tunnel_observer = context_->observers.tunnel;
     request.request_id_header = config.request_id.header;
     request.request_id = request_id_;
-    outcome = co_await relay(std::move(request));
+    co_await relay(request, outcome);
   }
   // A client body that breaks its framing (C03) or passes max_streamed_body (C38) before any
   // response byte: the upstream's connection is already gone (the exchange is cut); the client
@@ -699,23 +728,30 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
     }
   }
   if (outcome.problem) {
-    HandlerResult answer;
-    answer.response = std::move(*outcome.problem);
-    outcome.written =
-        co_await write_answer(answer, &route, origin, config, version, head, outcome.keep_alive);
-    outcome.status = answer.response.result_int();
-    if (outcome.outcome == "upstream_error") {
-      log_json(spdlog::level::warn, "upstream failed",
-               {{"route", route.name},
-                {"upstream", upstream.name},
-                {"detail", answer.response.body()},
-                {"request_id", request_id_}});
-    }
+    co_await write_problem(outcome, config, route, upstream, origin, version, head);
   }
   // The rest of a body the upstream never took (or answered early, C47) may still be arriving.
   if (!streamed.is_done()) reject_pending_input_ = true;
   log_streamed(outcome, route, method, target, started);
   co_return outcome.keep_alive && !close_after_response_ && !context_->draining;
+}
+
+template <class Stream>
+asio::awaitable<void> BasicSession<Stream>::write_problem(
+    RelayOutcome& outcome, const config::Config& config, const config::Route& route,
+    const config::Upstream& upstream, std::string_view origin, unsigned version, bool head) {
+  HandlerResult answer;
+  answer.response = std::move(*outcome.problem);
+  outcome.written =
+      co_await write_answer(answer, &route, origin, config, version, head, outcome.keep_alive);
+  outcome.status = answer.response.result_int();
+  if (outcome.outcome == "upstream_error") {
+    log_json(spdlog::level::warn, "upstream failed",
+             {{"route", route.name},
+              {"upstream", upstream.name},
+              {"detail", answer.response.body()},
+              {"request_id", request_id_}});
+  }
 }
 
 template <class Stream>
