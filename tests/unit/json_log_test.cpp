@@ -156,6 +156,45 @@ BOOST_AUTO_TEST_CASE(spec_C32_access_line_is_byte_for_byte_the_log_json_line) {
              capture.sink->lines.back());
 }
 
+BOOST_AUTO_TEST_CASE(spec_C32_the_gateways_batched_logger_gets_the_same_access_line) {
+  // The gateway's logger: log_access puts its line into the batching sink without spdlog.
+  PipeReader pipe;
+  pipe.start();
+  const auto previous = spdlog::default_logger();
+  const auto started =
+      std::chrono::system_clock::time_point(std::chrono::milliseconds(1769860800123));
+  {
+    auto logger = make_batched_logger("batched", pipe.write_fd);
+    spdlog::set_default_logger(logger);
+    log_json(spdlog::level::info, "access",
+             {{"time", idemgate::common::format_rfc3339(started)},
+              {"route", kAwkward},
+              {"method", "GET"},
+              {"target", "/"},
+              {"status", 200u},
+              {"outcome", "passthrough"},
+              {"key_hash", ""},
+              {"upstream_ms", 0.5},
+              {"total_ms", 1.0},
+              {"client", "::1"},
+              {"written", true},
+              {"request_id", "id"},
+              {"trace_id", ""}});
+    log_access(started, kAwkward, "GET", "/", 200u, "passthrough", "", 0.5, 1.0, "::1", true, "id",
+               "");
+    // Below the logger's level, neither is written.
+    logger->set_level(spdlog::level::warn);
+    log_access(started, "quiet", "GET", "/", 200u, "passthrough", "", 0.5, 1.0, "::1", true, "",
+               "");
+    logger->flush();
+    spdlog::set_default_logger(previous);
+  }
+  const auto lines = pipe.lines();
+  BOOST_REQUIRE_EQUAL(lines.size(), 2u);
+  BOOST_TEST(lines[0] == lines[1]);
+  BOOST_TEST(json::parse(lines[1]).as_object().at("route").as_string() == kAwkward);
+}
+
 BOOST_AUTO_TEST_CASE(spec_C32_fields_are_written_as_boost_json_writes_them_in_their_order) {
   Capture capture;
   log_json(spdlog::level::warn, "a \"message\"",
