@@ -73,7 +73,8 @@ struct Driver final : http::H2Events {
     check(s.out_sent == s.out.size(), "the codec asks for more only when it took all");
   }
   void calmed(std::string_view reason, std::string_view why) override {
-    check(reason == "flood" || reason == "header_bomb" || reason == "rapid_reset",
+    check(std::find(std::begin(http::kCalmReasons), std::end(http::kCalmReasons), reason) !=
+              std::end(http::kCalmReasons),
           "a C51 bound has a known metric label");
     check(!why.empty(), "a C51 bound says why");
     ++calms;

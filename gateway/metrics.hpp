@@ -42,7 +42,8 @@ namespace idemgate {
 /// - HTTP/2 (C49–C51): gauge `idemgate_h2_connections` (open now), counter
 ///   `idemgate_h2_streams_total` (requests that came as streams; also in
 ///   `idemgate_requests_total`), counter `idemgate_h2_connections_ended_total{reason}` (ended
-///   for passing a C51 bound: flood, header_bomb, rapid_reset, zero_window).
+///   for passing a C51 bound: continuation_flood, flood, header_bomb, rapid_reset,
+///   zero_window).
 /// - gauges `idemgate_client_connections` (client connections open, SPEC C52) and
 ///   `idemgate_in_flight_locks` (in-flight locks held by this process, including ones kept on
 ///   purpose until their lock_ttl).

@@ -118,6 +118,12 @@ struct H2Stream {
 /// (C04), 400 for a head that check_request_head() refuses (C03); nullopt when it may be routed.
 std::optional<Rejection> assemble_request(H2Stream& stream);
 
+/// The reasons the codec ends a connection for passing a C51 bound (H2Events::calmed): the
+/// labels of idemgate_h2_connections_ended_total it reports. (The connection adds
+/// `zero_window`, a peer that reads nothing.)
+inline constexpr std::string_view kCalmReasons[] = {"continuation_flood", "flood", "header_bomb",
+                                                    "rapid_reset"};
+
 /// What a codec tells the connection that drives it. Called from inside receive(), send() and
 /// the codec's other calls; a callback must not call receive() or send().
 class H2Events {
@@ -131,7 +137,8 @@ class H2Events {
   /// The codec took all of `stream.out` there was, or waits for more: the next piece may come.
   virtual void piece_taken(H2Stream& stream) = 0;
   /// A C51 bound was passed; the codec ends the connection with GOAWAY ENHANCE_YOUR_CALM.
-  /// `reason` is the label of idemgate_h2_connections_ended_total, `why` one sentence.
+  /// `reason` (one of kCalmReasons) is the label of idemgate_h2_connections_ended_total, `why`
+  /// one sentence.
   virtual void calmed(std::string_view reason, std::string_view why) = 0;
   /// There are frames to send.
   virtual void wants_write() = 0;

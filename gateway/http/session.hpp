@@ -37,8 +37,8 @@ struct SessionObservers {
   std::function<void(bool opened)> h2_connection;
   /// A request came as an HTTP/2 stream and was answered (SPEC C49); request_done sees it too.
   std::function<void()> h2_stream;
-  /// An HTTP/2 connection was ended for passing a C51 bound: `reason` is `flood`,
-  /// `header_bomb`, `rapid_reset` or `zero_window`.
+  /// An HTTP/2 connection was ended for passing a C51 bound: `reason` is one of
+  /// kCalmReasons or `zero_window`.
   std::function<void(std::string_view reason)> h2_cut;
 };
 
