@@ -476,12 +476,12 @@ void log_access(std::chrono::system_clock::time_point time, std::string_view rou
   }
   line.push_back('}');
   // The gateway's own logger has one batching sink: the line goes straight into it.
-  if (const auto& sinks = logger->sinks(); sinks.size() == 1 &&
-                                           typeid(*sinks.front()) == typeid(BatchingSink) &&
-                                           sinks.front()->should_log(spdlog::level::info)) {
-    static_cast<BatchingSink&>(*sinks.front())
-        .put_access(std::string_view(line.data(), line.size()));
-    return;
+  if (const auto& sinks = logger->sinks(); sinks.size() == 1) {
+    spdlog::sinks::sink& only = *sinks.front();
+    if (typeid(only) == typeid(BatchingSink) && only.should_log(spdlog::level::info)) {
+      static_cast<BatchingSink&>(only).put_access(std::string_view(line.data(), line.size()));
+      return;
+    }
   }
   access_line = true;
   logger->log(spdlog::level::info, spdlog::string_view_t(line.data(), line.size()));
