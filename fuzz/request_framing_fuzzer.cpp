@@ -181,9 +181,11 @@ void process(bhttp::request<bhttp::string_body> req, const config::Config& cfg) 
   check(req.count("Via") == 1 && req["Via"].ends_with(http::kViaEntry), "Via entry appended");
   if (framed || !req.body().empty()) req.content_length(req.body().size());
 
-  const core::KeyParse key = idemgate::request_key(route->idempotency, req.base(), req.body());
+  const core::KeyParse key =
+      idemgate::request_key(config::contract_of(*route).idempotency, req.base(), req.body());
   const core::Sha256 scope = idemgate::request_scope(*route, req);
-  const auto fp_headers = idemgate::header_values(req, route->idempotency.fingerprint_headers);
+  const auto fp_headers =
+      idemgate::header_values(req, config::contract_of(*route).idempotency.fingerprint_headers);
   const auto fp_bytes =
       core::compute_fingerprint(method, target, fp_headers, req.body(), core::BodyMode::bytes);
   const auto fp_json =

@@ -76,12 +76,13 @@ bool is_preflight(const bhttp::request_header<>& request) {
 bhttp::response<bhttp::string_body> preflight_response(const config::Route& route,
                                                        const bhttp::request_header<>& request) {
   bhttp::response<bhttp::string_body> res{bhttp::status::no_content, 11};
-  const config::Cors& cors = *route.cors;
+  const config::RouteContract& contract = config::contract_of(route);
+  const config::Cors& cors = *contract.cors;
   vary_on_origin(cors, res);
   const std::string_view origin = request[bhttp::field::origin];
   if (!allowed(cors, origin)) return res;
   set_origin_fields(cors, origin, res);
-  const config::Idempotency& idem = route.idempotency;
+  const config::Idempotency& idem = contract.idempotency;
   const std::vector<std::string> none;
   const bool keyed = idem.mode != config::IdempotencyMode::off;
   res.set(bhttp::field::access_control_allow_methods,
@@ -99,8 +100,9 @@ bhttp::response<bhttp::string_body> preflight_response(const config::Route& rout
 
 void add_cors_fields(const config::Route& route, std::string_view origin,
                      bhttp::response_header<>& response) {
-  if (!route.cors) return;
-  const config::Cors& cors = *route.cors;
+  const std::optional<config::Cors>& route_cors = config::contract_of(route).cors;
+  if (!route_cors) return;
+  const config::Cors& cors = *route_cors;
   remove_access_control(response);
   vary_on_origin(cors, response);
   if (!allowed(cors, origin)) return;

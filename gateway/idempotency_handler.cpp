@@ -118,7 +118,8 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::pass_through(http::Exch
                                                                       const char* outcome) {
   http::ForwardResult fwd = co_await forwarder_.forward(
       *exchange.upstream, std::move(exchange.request),
-      std::min(exchange.route->idempotency.max_stored_response, exchange.pass_through_hold),
+      std::min(config::contract_of(*exchange.route).idempotency.max_stored_response,
+               exchange.pass_through_hold),
       std::move(exchange.body_source));
   http::HandlerResult result;
   result.tail = std::move(fwd.tail);
@@ -134,8 +135,9 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::pass_through(http::Exch
 
 bool IdempotencyHandler::holds(const config::Route& route,
                                const bhttp::request_header<>& header) const {
-  if (route.cors && is_preflight(header)) return true;  // answered by handle() (C57)
-  const config::Idempotency& idem = route.idempotency;
+  const config::RouteContract& contract = config::contract_of(route);
+  if (contract.cors && is_preflight(header)) return true;  // answered by handle() (C57)
+  const config::Idempotency& idem = contract.idempotency;
   if (idem.mode == config::IdempotencyMode::off ||
       !method_listed(idem.methods, header.method_string())) {
     return false;
@@ -165,14 +167,15 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
   req.erase(kStatusField);
 
   // C57: the gateway answers for a route with cors; the upstream never sees the preflight.
-  if (exchange.route->cors && is_preflight(req)) {
+  const config::RouteContract& contract = config::contract_of(*exchange.route);
+  if (contract.cors && is_preflight(req)) {
     http::HandlerResult preflight;
     preflight.response = preflight_response(*exchange.route, req);
     preflight.outcome = "preflight";
     preflight.route_fields_set = true;
     co_return preflight;
   }
-  const config::Idempotency& idem = exchange.route->idempotency;
+  const config::Idempotency& idem = contract.idempotency;
   if (idem.mode == config::IdempotencyMode::off ||
       !method_listed(idem.methods, req.method_string())) {
     co_return co_await pass_through(std::move(exchange), "passthrough");  // C11, C12
@@ -243,9 +246,9 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
   http::Forwarder* forwarder = &forwarder_;
   core::IdempotencyFilter::Forward forward = [shared, tail,
                                               forwarder]() -> asio::awaitable<core::UpstreamReply> {
-    http::ForwardResult fwd =
-        co_await forwarder->forward(*shared->upstream, std::move(shared->request),
-                                    shared->route->idempotency.max_stored_response);
+    http::ForwardResult fwd = co_await forwarder->forward(
+        *shared->upstream, std::move(shared->request),
+        config::contract_of(*shared->route).idempotency.max_stored_response);
     *tail = fwd.tail;
     co_return to_reply(std::move(fwd));
   };

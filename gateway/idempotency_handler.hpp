@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "gateway/config/config.hpp"
 #include "gateway/core/idempotency_filter.hpp"
 #include "gateway/core/lock_service.hpp"
 #include "gateway/core/record_store.hpp"

@@ -19,7 +19,8 @@ std::vector<core::HeaderValues> header_values(const boost::beast::http::fields& 
 }
 
 core::Sha256 request_scope(const config::Route& route, const boost::beast::http::fields& fields) {
-  const auto scope_headers = header_values(fields, route.idempotency.key_scope_headers);
+  const auto scope_headers =
+      header_values(fields, config::contract_of(route).idempotency.key_scope_headers);
   return core::compute_scope(route.name, scope_headers);
 }
 

@@ -19,7 +19,7 @@ idemgate_fuzz_replay(key_parser LIBS idemgate_core)
 idemgate_fuzz_replay(config_loader LIBS idemgate_config)
 idemgate_fuzz_replay(request_framing
   SOURCES ${PROJECT_SOURCE_DIR}/gateway/request_identity.cpp
-  LIBS idemgate_http_rules idemgate_core)
+  LIBS idemgate_http_rules idemgate_config)
 idemgate_fuzz_replay(upstream_response LIBS idemgate_http_rules)
 idemgate_fuzz_replay(stored_record LIBS idemgate_pg)
 idemgate_fuzz_replay(replay_marker LIBS idemgate_core)

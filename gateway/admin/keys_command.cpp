@@ -216,7 +216,7 @@ int run_keys(const config::Config& config, const KeysRequest& request, std::ostr
         << "\n";
     return kKeysBadArguments;
   }
-  if (route->idempotency.mode == config::IdempotencyMode::off) {
+  if (config::contract_of(*route).idempotency.mode == config::IdempotencyMode::off) {
     err << "idemgate keys: route '" << route->name << "' has idempotency.mode: off\n";
     return kKeysBadArguments;
   }
@@ -230,7 +230,7 @@ int run_keys(const config::Config& config, const KeysRequest& request, std::ostr
     }
     scope_fields.insert(name, value);
   }
-  const core::KeyParse key = read_key(route->idempotency, request.key);
+  const core::KeyParse key = read_key(config::contract_of(*route).idempotency, request.key);
   if (key.status != core::KeyParse::Status::valid) {
     err << "idemgate keys: invalid key: "
         << (key.detail.empty() ? std::string("no key given") : key.detail) << "\n";

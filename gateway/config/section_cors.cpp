@@ -151,7 +151,7 @@ void read_cors(Loader& loader, const Field& f, Route& route) {
       }
     }
   }
-  route.cors = std::move(cors);
+  contract_of(route).cors = std::move(cors);
 }
 
 }  // namespace idemgate::config::detail

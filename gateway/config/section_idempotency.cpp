@@ -126,7 +126,7 @@ void read_secret(Loader& loader, const Field& f, Idempotency& out) {
 
 void read_idempotency(Loader& loader, const Field& f, Route& route) {
   const Map m(loader, f, names_of(idempotency_keys()));
-  Idempotency& idem = route.idempotency;
+  Idempotency& idem = contract_of(route).idempotency;
   if (auto v = m.get("mode")) {
     idem.mode = loader.choice<IdempotencyMode>(*v, {{"off", IdempotencyMode::off},
                                                     {"optional", IdempotencyMode::optional},

@@ -55,7 +55,7 @@ std::atomic<std::size_t>& Admission::count_of(std::string_view route) {
   return *it->second;
 }
 
-Admission::Ticket Admission::enter(const config::Route& route) {
+Admission::Ticket Admission::enter(const Route& route) {
   if (route.max_in_flight == 0) return Ticket(nullptr, true);
   return take(count_of(route.name), route.max_in_flight);
 }

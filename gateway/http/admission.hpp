@@ -13,7 +13,7 @@
 #include <string_view>
 #include <utility>
 
-#include "gateway/config/config.hpp"
+#include "gateway/http/settings.hpp"
 
 namespace idemgate::http {
 
@@ -55,7 +55,7 @@ class Admission {
   /// A ticket for one request of `route` (SPEC C53): empty when `route.max_in_flight` requests
   /// of a route of that name are in progress. A route without `max_in_flight` always gets a
   /// (non-empty) ticket that counts nothing.
-  Ticket enter(const config::Route& route);
+  Ticket enter(const Route& route);
 
   /// A ticket for one tunnel (SPEC C52): empty when `max_tunnels` are open.
   Ticket open_tunnel(std::size_t max_tunnels);

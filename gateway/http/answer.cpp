@@ -37,7 +37,7 @@ Response shed_response(std::string detail, unsigned version, bool keep_alive) {
   return res;
 }
 
-std::string route_full_detail(const config::Route& route) {
+std::string route_full_detail(const Route& route) {
   return "route " + route.name + " has " + std::to_string(route.max_in_flight) +
          " requests in progress (max_in_flight); nothing was forwarded, retry later";
 }
@@ -76,7 +76,7 @@ boost::asio::awaitable<HandlerResult> answer_routed(RequestHandler& handler, Rou
   if (!in.body_source && (framed || !request.body().empty())) {
     request.content_length(request.body().size());
   }
-  const config::Route& route = *in.route;
+  const Route& route = *in.route;
   Exchange exchange{std::move(request),       std::move(in.config),    &route,
                     &upstream->second,        std::move(in.in_flight), in.pass_through_hold,
                     std::move(in.body_source)};

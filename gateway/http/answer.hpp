@@ -8,9 +8,9 @@
 #include <memory>
 #include <string_view>
 
-#include "gateway/config/config.hpp"
 #include "gateway/http/admission.hpp"
 #include "gateway/http/handler.hpp"
+#include "gateway/http/settings.hpp"
 
 namespace idemgate::http {
 
@@ -23,7 +23,7 @@ void prepare_forwarded(boost::beast::http::fields& fields, std::string_view clie
 /// 503 `overloaded` with `Retry-After: 1` (SPEC C52, C53).
 Response shed_response(std::string detail, unsigned version, bool keep_alive);
 /// The detail of a 503 for a route at its `max_in_flight` (C53).
-std::string route_full_detail(const config::Route& route);
+std::string route_full_detail(const Route& route);
 
 /// When a request that began at `started` (steady clock) began on the wall clock, for its
 /// access line (C32), and how long it has taken until now.
@@ -38,10 +38,10 @@ double to_ms(std::chrono::microseconds us);
 /// A request whose header and body are read and checked, routed (or not) under `config`.
 struct RoutedRequest {
   Request request;  ///< as the client sent it (fields are prepared here)
-  std::shared_ptr<const config::Config> config;
-  const config::Route* route = nullptr;  ///< null: no route matched
-  Admission::Ticket in_flight;           ///< the request's place in max_in_flight (C53)
-  bool shed = false;                     ///< the route was at max_in_flight
+  std::shared_ptr<const ProxyConfig> config;
+  const Route* route = nullptr;  ///< null: no route matched
+  Admission::Ticket in_flight;   ///< the request's place in max_in_flight (C53)
+  bool shed = false;             ///< the route was at max_in_flight
   std::string_view client_ip;
   std::string_view proto;                            ///< `http` or `https`, for X-Forwarded-Proto
   std::string_view request_id;                       ///< for the log line of a handler that failed

@@ -17,9 +17,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "gateway/config/config.hpp"
 #include "gateway/http/handler.hpp"
 #include "gateway/http/request_rules.hpp"
+#include "gateway/http/settings.hpp"
 
 struct nghttp2_session;
 
@@ -66,7 +66,7 @@ struct H2Stream {
   using Clock = std::chrono::steady_clock;
   std::int32_t id = 0;
   Clock::time_point started;
-  std::shared_ptr<const config::Config> config;  ///< the snapshot the stream began on
+  std::shared_ptr<const ProxyConfig> config;  ///< the snapshot the stream began on
   Request request;  ///< regular fields and body as received; see assemble_request()
   std::string method;
   std::string path;
@@ -102,7 +102,7 @@ struct H2Stream {
   bool deferred = false;  ///< the codec waits for more of `out`
   // The access line (C32), written once the stream has ended.
   bool logged = false;
-  const config::Route* route = nullptr;
+  const Route* route = nullptr;
   unsigned status = 0;
   std::string outcome;
   std::string key_hash;
@@ -162,7 +162,7 @@ class H2Events {
 class H2Codec {
  public:
   using Clock = std::chrono::steady_clock;
-  using Snapshot = std::function<std::shared_ptr<const config::Config>()>;
+  using Snapshot = std::function<std::shared_ptr<const ProxyConfig>()>;
 
   /// Limits come from `snapshot()` at construction (the connection's) and at each stream's
   /// beginning (the stream's). Throws std::runtime_error when libnghttp2 cannot make a session.
@@ -220,7 +220,7 @@ class H2Codec {
   const std::unordered_map<std::int32_t, std::shared_ptr<H2Stream>>& streams() const {
     return streams_;
   }
-  const config::Limits& limits() const { return config_->limits; }
+  const Limits& limits() const { return config_->limits; }
 
   struct Callbacks;  ///< libnghttp2's callbacks (h2_codec.cpp)
 
@@ -236,7 +236,7 @@ class H2Codec {
 
   Snapshot snapshot_;
   H2Events& events_;
-  std::shared_ptr<const config::Config> config_;
+  std::shared_ptr<const ProxyConfig> config_;
   nghttp2_session* session_ = nullptr;
   std::unordered_map<std::int32_t, std::shared_ptr<H2Stream>> streams_;
   std::string error_;

@@ -76,7 +76,7 @@ struct H2Connection::Impl : H2Events, std::enable_shared_from_this<H2Connection:
   Clock::time_point last_activity = Clock::now();
 
   tcp::socket& socket() { return stream.tcp().socket(); }
-  const config::Limits& limits() const { return codec->limits(); }
+  const Limits& limits() const { return codec->limits(); }
 
   asio::awaitable<void> run(beast::flat_buffer& buffer);
   // Each task holds the connection's state (`keep`): when the io_context is destroyed with
@@ -194,7 +194,7 @@ bool H2Connection::Impl::streams_body(H2Stream& s) {
   if (assemble_request(s)) return false;  // refused: answered once the body has come
   const Request& req = s.request;
   const std::string_view t(req.target().data(), req.target().size());
-  const config::Route* route =
+  const Route* route =
       match(*s.config, req[bhttp::field::host], target_path(t), req.method_string());
   if (!route || !s.config->upstreams.contains(route->upstream)) return false;
   return !context->handler->holds(*route, req.base());

@@ -16,8 +16,8 @@
 #include <string>
 #include <string_view>
 
-#include "gateway/config/config.hpp"
 #include "gateway/http/admission.hpp"
+#include "gateway/http/settings.hpp"
 
 namespace idemgate::http {
 
@@ -60,9 +60,9 @@ class RequestBodySource {
 /// The request as the handler sees it, with the route already chosen.
 struct Exchange {
   Request request;  ///< hop-by-hop fields removed, X-Forwarded-*/Via added, body decoded
-  std::shared_ptr<const config::Config> config;  ///< the snapshot this request runs on
-  const config::Route* route = nullptr;          ///< points into *config
-  const config::Upstream* upstream = nullptr;    ///< points into *config
+  std::shared_ptr<const ProxyConfig> config;  ///< the snapshot this request runs on
+  const Route* route = nullptr;               ///< points into *config
+  const Upstream* upstream = nullptr;         ///< points into *config
   /// The request's place in its route's max_in_flight (SPEC C53): held for as long as the
   /// exchange lives, the upstream call and record commit included.
   Admission::Ticket in_flight;
@@ -104,7 +104,7 @@ class Forwarder {
   /// arrives (Content-Length kept when the request has one, else chunked) on a fresh
   /// connection, never retried (C08).
   virtual boost::asio::awaitable<ForwardResult> forward(
-      const config::Upstream& upstream, Request request, std::size_t hold_limit,
+      const Upstream& upstream, Request request, std::size_t hold_limit,
       std::shared_ptr<RequestBodySource> body = nullptr) = 0;
 };
 
@@ -120,7 +120,7 @@ class RequestHandler {
   /// `max_request_body`) to decide; asked with the header as the client sent it. When false
   /// and streaming_pool() is set, the session streams the exchange itself (SPEC C38) and
   /// handle() is not called.
-  virtual bool holds(const config::Route& /*route*/,
+  virtual bool holds(const Route& /*route*/,
                      const boost::beast::http::request_header<>& /*header*/) const {
     return true;
   }
@@ -137,7 +137,7 @@ class RequestHandler {
   /// produced it: handle(), a streamed or relayed upstream response, or the session's own
   /// answer to a request routed there. `origin` is the request's `Origin` value ("" when none).
   /// Called on the session's thread just before the response header is written.
-  virtual void add_route_fields(const config::Route& /*route*/, std::string_view /*origin*/,
+  virtual void add_route_fields(const Route& /*route*/, std::string_view /*origin*/,
                                 boost::beast::http::response_header<>& /*header*/) const {}
 
   /// Calls `done` (on this thread) once the store work the handler left running after its

@@ -39,7 +39,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::string server_text(const config::Server& server) {
+std::string server_text(const common::HostPort& server) {
   return common::format_host_port(server.host, server.port);
 }
 
@@ -48,8 +48,7 @@ std::string server_text(const config::Server& server) {
 template <bool isRequest>
 asio::awaitable<error_code> read_body_piece(ByteStream stream, beast::flat_buffer& buffer,
                                             bhttp::parser<isRequest, bhttp::buffer_body>& parser,
-                                            char* data, std::size_t size,
-                                            config::Duration timeout) {
+                                            char* data, std::size_t size, Duration timeout) {
   parser.get().body().data = data;
   parser.get().body().size = size;
   co_return co_await async_read_body(stream, buffer, parser,
@@ -61,7 +60,7 @@ asio::awaitable<error_code> read_body_piece(ByteStream stream, beast::flat_buffe
 template <bool isRequest>
 asio::awaitable<error_code> write_piece(ByteStream stream,
                                         bhttp::serializer<isRequest, bhttp::buffer_body>& sr,
-                                        config::Duration timeout) {
+                                        Duration timeout) {
   stream.tcp().expires_after(timeout);
   auto [ec, n] = co_await bhttp::async_write(stream, sr, use_nothrow);
   if (ec == bhttp::error::need_buffer) ec = {};
@@ -133,7 +132,7 @@ struct TunnelState {
 };
 
 asio::awaitable<void> pump(ByteStream from, ByteStream to, StreamBuffer& buffer, TunnelState& state,
-                           std::uint64_t& moved, const char* side, config::Duration write_timeout) {
+                           std::uint64_t& moved, const char* side, Duration write_timeout) {
   for (;;) {
     from.tcp().expires_never();
     auto [ec, n] =
@@ -161,8 +160,7 @@ asio::awaitable<void> pump(ByteStream from, ByteStream to, StreamBuffer& buffer,
   to.tcp().close();
 }
 
-asio::awaitable<void> watchdog(TunnelState& state, config::Duration idle, ByteStream a,
-                               ByteStream b) {
+asio::awaitable<void> watchdog(TunnelState& state, Duration idle, ByteStream a, ByteStream b) {
   while (!state.done) {
     state.timer.expires_at(state.last + std::chrono::duration_cast<Clock::duration>(idle));
     co_await state.timer.async_wait(use_nothrow);
@@ -179,7 +177,7 @@ asio::awaitable<void> watchdog(TunnelState& state, config::Duration idle, ByteSt
 
 /// Sends the bytes that arrived behind a header to the other side before the tunnel starts.
 asio::awaitable<error_code> flush_leftover(beast::flat_buffer& buffer, ByteStream to,
-                                           config::Duration timeout, std::uint64_t& moved) {
+                                           Duration timeout, std::uint64_t& moved) {
   if (buffer.size() == 0) co_return error_code{};
   to.tcp().expires_after(timeout);
   auto [ec, n] = co_await asio::async_write(to, buffer.data(), use_nothrow);
@@ -241,7 +239,7 @@ asio::awaitable<error_code> write_rest(ByteStream stream, const Buffers& buffers
 /// head that does not fit `scratch`.
 asio::awaitable<error_code> write_whole(ByteStream client, const bhttp::response_header<>& header,
                                         beast::flat_buffer& buffer, std::size_t length,
-                                        StreamBuffer& scratch, config::Duration timeout) {
+                                        StreamBuffer& scratch, Duration timeout) {
   std::size_t head_size = render_head(header, scratch.data(), scratch.size());
   client.tcp().expires_after(timeout);
   if (head_size == 0) {
@@ -267,7 +265,7 @@ asio::awaitable<error_code> pass_body(ByteStream up, beast::flat_buffer& ubuf,
                                       StreamResponseParser& rparser,
                                       bhttp::response_serializer<bhttp::buffer_body>& rs,
                                       ByteStream client, std::string& prefix, StreamBuffer& down,
-                                      config::Duration up_idle, config::Duration client_idle,
+                                      Duration up_idle, Duration client_idle,
                                       std::string_view upstream_name, RelayOutcome& out) {
   auto& body = rparser.get().body();
   body.data = prefix.empty() ? nullptr : prefix.data();
@@ -315,18 +313,18 @@ struct Duplex {
 /// One relay() call: the request and what its attempts found.
 struct RelayState {
   RelayState(RelayRequest& request, RelayOutcome& outcome, StreamRequestParser& request_parser,
-             StreamBuffer& buffer, const config::Upstream& to)
+             StreamBuffer& buffer, const Upstream& to)
       : in(request), out(outcome), parser(request_parser), up_buffer(buffer), upstream(to) {}
   RelayRequest& in;
   RelayOutcome& out;
   StreamRequestParser& parser;
   StreamBuffer& up_buffer;
-  const config::Upstream& upstream;
-  std::size_t held = 0;   ///< a retryable request's body, read whole into up_buffer
-  bool retryable = true;  ///< the request may go out again on a fresh connection (C08)
-  config::Server server;  ///< the upstream server of the current attempt
-  std::string failure;    ///< why there is no response (→ 502/504)
-  bool stale = false;     ///< closed before answering: a retryable request may go again (C08)
+  const Upstream& upstream;
+  std::size_t held = 0;     ///< a retryable request's body, read whole into up_buffer
+  bool retryable = true;    ///< the request may go out again on a fresh connection (C08)
+  common::HostPort server;  ///< the upstream server of the current attempt
+  std::string failure;      ///< why there is no response (→ 502/504)
+  bool stale = false;       ///< closed before answering: a retryable request may go again (C08)
   bool timed_out = false;
   bool tunnel = false;    ///< a 101 to a WebSocket request arrived: the tunnel follows
   bool reusable = false;  ///< the upstream connection may go back to the pool
@@ -402,7 +400,7 @@ asio::awaitable<error_code> send_serialized(RelayState& x, Duplex& d) {
 /// held_exchange.)
 asio::awaitable<void> upload(RelayState& x, Duplex& d) {
   auto& in = x.in;
-  const config::Limits& limits = *in.limits;
+  const Limits& limits = *in.limits;
   auto& req = x.parser.get();
   error_code wec;
   d.deadline = std::make_unique<asio::steady_timer>(in.client.get_executor());
@@ -465,7 +463,7 @@ asio::awaitable<void> upload(RelayState& x, Duplex& d) {
 asio::awaitable<void> respond(RelayState& x, Duplex& d) {
   auto& in = x.in;
   auto& out = x.out;
-  const config::Limits& limits = *in.limits;
+  const Limits& limits = *in.limits;
   StreamResponseParser& rparser = *d.rparser;
   auto& res = rparser.get();
   out.status = res.result_int();
@@ -641,7 +639,7 @@ asio::awaitable<void> tunnel(RelayState& x, Duplex& d) {
   using namespace asio::experimental::awaitable_operators;
   auto& in = x.in;
   auto& out = x.out;
-  const config::Limits& limits = *in.limits;
+  const Limits& limits = *in.limits;
   ByteStream up = d.up;
   auto& res = d.rparser->get();
   out.status = 101;
@@ -717,7 +715,7 @@ void body_failed(RelayOutcome& out, const error_code& ec) {
 }
 
 /// A request without Host (HTTP/1.0) gets the upstream server's `host:port`.
-void set_host(bhttp::request<bhttp::buffer_body>& req, const config::Server& server) {
+void set_host(bhttp::request<bhttp::buffer_body>& req, const common::HostPort& server) {
   req.set(bhttp::field::host, server_text(server));
 }
 
@@ -735,7 +733,7 @@ void upstream_failed(RelayState& x, bool reached) {
 }  // namespace
 
 asio::awaitable<TailOutcome> send_tail(ByteStream client, const bhttp::response_header<>& header,
-                                       ResponseTail& tail, const config::Limits& limits) {
+                                       ResponseTail& tail, const Limits& limits) {
   TailOutcome out;
   auto& res = tail.parser->get();
   res.base() = header;
@@ -781,8 +779,8 @@ asio::awaitable<error_code> read_tail_piece(ResponseTail& tail, char* data, std:
 
 asio::awaitable<void> relay(RelayRequest& in, RelayOutcome& out) {
   // The session holds the configuration snapshot these point into until the relay returns.
-  const config::Limits& limits = *in.limits;
-  const config::Upstream& upstream = *in.upstream;
+  const Limits& limits = *in.limits;
+  const Upstream& upstream = *in.upstream;
   StreamRequestParser& parser = *in.parser;
   auto& req = parser.get();
   const auto start = Clock::now();

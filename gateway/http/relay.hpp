@@ -16,9 +16,9 @@
 #include <string>
 #include <string_view>
 
-#include "gateway/config/config.hpp"
 #include "gateway/http/byte_stream.hpp"
 #include "gateway/http/handler.hpp"
+#include "gateway/http/settings.hpp"
 #include "gateway/http/upstream_pool.hpp"
 
 namespace idemgate::common {
@@ -46,8 +46,8 @@ struct RelayRequest {
   /// out with `Connection: upgrade` and `Upgrade: websocket`, and a 101 opens a tunnel.
   bool websocket = false;
   /// Both point into the configuration snapshot the session holds until relay() returns.
-  const config::Limits* limits = nullptr;
-  const config::Upstream* upstream = nullptr;
+  const Limits* limits = nullptr;
+  const Upstream* upstream = nullptr;
   UpstreamPool* pool = nullptr;
   /// The io thread's deadline list (required): a request whose body is held whole is timed by
   /// an entry of it rather than by a timer of its own.
@@ -55,7 +55,7 @@ struct RelayRequest {
   RequestHandler* handler = nullptr;  ///< strip_owned_fields, add_route_fields on the response
   /// The route and the request's Origin ("" when none), for add_route_fields; both point into
   /// what the session holds until relay() returns.
-  const config::Route* route = nullptr;
+  const Route* route = nullptr;
   std::string_view origin;
   /// Called when a tunnel opens (true) and closes (false), for the open-tunnels gauge.
   std::function<void(bool)> tunnel_observer;
@@ -139,7 +139,7 @@ struct TailOutcome {
 /// the response visibly incomplete. Never throws for network errors.
 boost::asio::awaitable<TailOutcome> send_tail(ByteStream client,
                                               const boost::beast::http::response_header<>& header,
-                                              ResponseTail& tail, const config::Limits& limits);
+                                              ResponseTail& tail, const Limits& limits);
 
 /// The next bytes of `tail`'s body (SPEC C39) into [data, data + size) for a sender of its own
 /// (an HTTP/2 stream): the bytes read already first, then one read from the upstream within its

@@ -22,8 +22,8 @@ void generate_request_id(char (&out)[kGeneratedRequestIdBytes]) {
   boost::uuids::to_chars(id, &out[0]);
 }
 
-std::string_view apply_request_id(boost::beast::http::fields& fields,
-                                  const config::RequestId& config, std::string& storage) {
+std::string_view apply_request_id(boost::beast::http::fields& fields, const RequestId& config,
+                                  std::string& storage) {
   const auto found = fields.find(config.header);
   if (found != fields.end() && valid_request_id(found->value()) &&
       fields.count(config.header) == 1) {

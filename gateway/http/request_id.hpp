@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "gateway/config/config.hpp"
+#include "gateway/http/settings.hpp"
 
 namespace idemgate::http {
 
@@ -38,7 +38,7 @@ void generate_request_id(char (&out)[kGeneratedRequestIdBytes]);
 /// - otherwise (`generate: false`): "" and the fields untouched (forwarded as received).
 /// The id is copied into `storage` (its capacity is reused from request to request) and the
 /// returned view points into it. Returns "" when the request has no id.
-std::string_view apply_request_id(boost::beast::http::fields& fields,
-                                  const config::RequestId& config, std::string& storage);
+std::string_view apply_request_id(boost::beast::http::fields& fields, const RequestId& config,
+                                  std::string& storage);
 
 }  // namespace idemgate::http

@@ -28,8 +28,7 @@ Rejection obs_fold_rejection() {
           "refuses (RFC 9112 section 5.2)"};
 }
 
-std::optional<Rejection> rejection_for(const boost::system::error_code& ec,
-                                       const config::Limits& limits) {
+std::optional<Rejection> rejection_for(const boost::system::error_code& ec, const Limits& limits) {
   if (ec == bhttp::error::header_limit || ec == bhttp::error::buffer_overflow) {
     // buffer_overflow: trailers or a chunk-size line that do not fit beside the header limit
     return Rejection{

@@ -9,8 +9,8 @@
 #include <string>
 #include <string_view>
 
-#include "gateway/config/config.hpp"
 #include "gateway/http/problem.hpp"
+#include "gateway/http/settings.hpp"
 
 namespace idemgate::http {
 
@@ -34,8 +34,7 @@ Rejection obs_fold_rejection();
 /// past max_header_bytes, 413 past max_request_body, 400 bad-framing for conflicting or invalid
 /// Content-Length/Transfer-Encoding, 400 bad-request for any other parse error (C03, C04).
 /// nullopt for errors of the connection itself (EOF, reset, timeout), which end it silently.
-std::optional<Rejection> rejection_for(const boost::system::error_code& ec,
-                                       const config::Limits& limits);
+std::optional<Rejection> rejection_for(const boost::system::error_code& ec, const Limits& limits);
 
 /// Checks a parsed HTTP/1.x request head and makes it routable:
 /// - Transfer-Encoding must be `chunked` alone, on HTTP/1.1 (RFC 9112 §6.1, §6.3; C03): another

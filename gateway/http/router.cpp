@@ -20,7 +20,7 @@ bool host_matches(std::string_view pattern, std::string_view host) {
   return boost::beast::iequals(pattern, host);
 }
 
-bool path_matches(const config::Match& m, std::string_view path) {
+bool path_matches(const Match& m, std::string_view path) {
   if (!m.path.empty() && path != m.path) return false;
   if (!m.path_prefix.empty() && !path.starts_with(m.path_prefix)) return false;
   return true;
@@ -32,8 +32,8 @@ bool method_matches(const std::vector<std::string>& methods, std::string_view me
 
 }  // namespace
 
-const config::Route* match(const config::Config& config, std::string_view host,
-                           std::string_view path, std::string_view method) {
+const Route* match(const ProxyConfig& config, std::string_view host, std::string_view path,
+                   std::string_view method) {
   // The host part is cut out of the authority only once a route names a host.
   std::optional<std::string_view> name;
   for (const auto& route : config.routes) {

@@ -3,7 +3,7 @@
 
 #include <string_view>
 
-#include "gateway/config/config.hpp"
+#include "gateway/http/settings.hpp"
 
 namespace idemgate::http {
 
@@ -16,8 +16,8 @@ namespace idemgate::http {
 ///   be a prefix of it (plain string prefix: `/pay` matches `/payments`). Both may be set.
 /// - `method`: compared case-sensitively (RFC 9110 §9.1); empty `methods` accept any.
 /// The result points into `config`. Pure; thread-safe.
-const config::Route* match(const config::Config& config, std::string_view host,
-                           std::string_view path, std::string_view method);
+const Route* match(const ProxyConfig& config, std::string_view host, std::string_view path,
+                   std::string_view method);
 
 /// The path of a request target: origin-form `/a/b?q` → `/a/b`; absolute-form
 /// `http://h/a?q` → `/a` (`/` when empty); anything else (`*`, authority-form) → as given.

@@ -44,7 +44,7 @@ struct Server::Worker {
   std::shared_ptr<SessionContext> context;
   /// This thread's copy of the configuration: its reference count is touched by this thread only.
   /// Replaced on the thread (posted by update_config).
-  std::shared_ptr<const config::Config> config;
+  std::shared_ptr<const ProxyConfig> config;
   std::unique_ptr<RequestHandler> handler;
   std::atomic<std::thread::id> thread_id{};
   bool finished = false;
@@ -54,7 +54,7 @@ namespace {
 
 using reuse_port = asio::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>;
 
-tcp::endpoint resolve_listen(const config::Listen& listen) {
+tcp::endpoint resolve_listen(const Listen& listen) {
   boost::system::error_code ec;
   const auto address = asio::ip::make_address(listen.address, ec);
   if (!ec) return {address, listen.port};
@@ -91,7 +91,7 @@ int select_alpn(SSL*, const unsigned char** out, unsigned char* outlen, const un
   return SSL_TLSEXT_ERR_OK;
 }
 
-std::unique_ptr<asio::ssl::context> make_tls_context(const config::Listen& listen,
+std::unique_ptr<asio::ssl::context> make_tls_context(const Listen& listen,
                                                      const std::string& alpn_wire) {
   auto tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
   tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
@@ -156,7 +156,7 @@ asio::awaitable<void> Server::accept_loop(Worker& worker) {
   gate.unpark(id);
 }
 
-Server::Server(std::shared_ptr<const config::Config> config, HandlerFactory make_handler,
+Server::Server(std::shared_ptr<const ProxyConfig> config, HandlerFactory make_handler,
                SessionObservers observers)
     : config_(std::move(config)),
       make_handler_(std::move(make_handler)),
@@ -174,7 +174,7 @@ Server::Server(std::shared_ptr<const config::Config> config, HandlerFactory make
     auto worker = std::make_unique<Worker>(i);
     open_acceptor(worker->acceptor, endpoint);
     if (i == 0) endpoint.port(worker->acceptor.local_endpoint().port());  // port 0 → the bound one
-    worker->config = std::make_shared<const config::Config>(*config_);
+    worker->config = std::make_shared<const ProxyConfig>(*config_);
     worker->context->config = [w = worker.get()] { return w->config; };
     worker->context->tls = tls_.get();
     worker->context->observers = observers;
@@ -195,18 +195,16 @@ Server::~Server() {
   }
 }
 
-std::shared_ptr<const config::Config> Server::config() const {
+std::shared_ptr<const ProxyConfig> Server::config() const {
   return std::atomic_load(&config_);
 }
 
-void Server::update_config(std::shared_ptr<const config::Config> config) {
+void Server::update_config(std::shared_ptr<const ProxyConfig> config) {
   // Each thread gets a copy of its own, copied here, off the io threads. A request that arrives
   // after this call is read after the post has run (the io_context runs handlers in order).
   for (auto& worker : workers_) {
-    asio::post(worker->io_context,
-               [w = worker.get(), fresh = std::make_shared<const config::Config>(*config)] {
-                 w->config = fresh;
-               });
+    asio::post(worker->io_context, [w = worker.get(), fresh = std::make_shared<const ProxyConfig>(
+                                                          *config)] { w->config = fresh; });
   }
   std::atomic_store(&config_, std::move(config));
 }

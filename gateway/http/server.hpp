@@ -14,11 +14,11 @@
 #include <mutex>
 #include <vector>
 
-#include "gateway/config/config.hpp"
 #include "gateway/http/admission.hpp"
 #include "gateway/http/connection_gate.hpp"
 #include "gateway/http/handler.hpp"
 #include "gateway/http/session.hpp"
+#include "gateway/http/settings.hpp"
 
 namespace idemgate::http {
 
@@ -43,7 +43,7 @@ class Server {
   /// retries at once. Pauses are logged at most once a second with a count. The limit is read
   /// here, once: a reload does not change it.
   /// Throws boost::system::system_error when binding fails or the TLS files cannot be used.
-  Server(std::shared_ptr<const config::Config> config, HandlerFactory make_handler,
+  Server(std::shared_ptr<const ProxyConfig> config, HandlerFactory make_handler,
          SessionObservers observers = {});
   ~Server();
   Server(const Server&) = delete;
@@ -67,11 +67,11 @@ class Server {
   /// Makes `config` the snapshot of requests that start from now on (SPEC §1 SIGHUP): each io
   /// thread gets a copy of it, posted to the thread. Listener fields (address, port, threads) are
   /// not re-applied. Thread-safe.
-  void update_config(std::shared_ptr<const config::Config> config);
+  void update_config(std::shared_ptr<const ProxyConfig> config);
 
   /// The snapshot last given (to the constructor or update_config). Thread-safe; not for the
   /// request path (sessions read their thread's copy through SessionContext::config).
-  std::shared_ptr<const config::Config> config() const;
+  std::shared_ptr<const ProxyConfig> config() const;
 
   /// The client connection slots and accept pauses (SPEC C52). Thread-safe.
   const ConnectionGate& gate() const { return *gate_; }
@@ -86,7 +86,7 @@ class Server {
   void finish_worker(Worker& worker);
   bool on_io_thread() const;
 
-  std::shared_ptr<const config::Config> config_;  // std::atomic_load/store only
+  std::shared_ptr<const ProxyConfig> config_;  // std::atomic_load/store only
   HandlerFactory make_handler_;
   /// The ALPN protocol list of `listen.tls.alpn` in wire format, for the context's callback.
   std::string alpn_wire_;

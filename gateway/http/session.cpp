@@ -65,7 +65,7 @@ constexpr std::size_t kReadChunk = 4096;
 constexpr std::size_t kFirstRead = 1024;
 
 /// max_header_bytes as Beast's parsers take it (C04).
-std::uint32_t header_limit_of(const config::Limits& limits) {
+std::uint32_t header_limit_of(const Limits& limits) {
   return static_cast<std::uint32_t>(
       std::min<std::size_t>(limits.max_header_bytes, std::numeric_limits<std::uint32_t>::max()));
 }
@@ -102,7 +102,7 @@ constexpr std::size_t kLingerMaxBytes = 1024 * 1024;
 /// `request_id` ("" when the request has none) replaces any such field of the upstream's or the
 /// stored response: the field names this request (conf/REFERENCE.md, "request_id").
 void finalize_response(Response& res, unsigned version, bool keep_alive, bool head,
-                       const config::RequestId& ids, std::string_view request_id) {
+                       const RequestId& ids, std::string_view request_id) {
   finalize_answer(res, head, ids.header, request_id);
   res.version(version);
   res.keep_alive(keep_alive);
@@ -130,7 +130,7 @@ class BasicSession final : public Session {
   /// What a request's access line says besides its timing (SPEC C32); views into what the
   /// caller holds until log_done returns.
   struct Done {
-    const config::Route* route = nullptr;  ///< null: no route matched (or none was looked up)
+    const Route* route = nullptr;  ///< null: no route matched (or none was looked up)
     std::string_view method;
     std::string_view target;
     unsigned status = 0;
@@ -145,7 +145,7 @@ class BasicSession final : public Session {
   /// then reports it), `started` at its first byte, under `config`. False when the connection
   /// is to close after it.
   asio::awaitable<bool> serve_one(beast::flat_buffer& buffer,
-                                  std::shared_ptr<const config::Config> config,
+                                  std::shared_ptr<const ProxyConfig> config,
                                   Clock::time_point started);
   /// One read into `buffer` that must complete by `deadline` (C07), else the connection is
   /// closed; `n` bytes were committed.
@@ -160,21 +160,20 @@ class BasicSession final : public Session {
   /// Parses the head that `buffer` holds whole into `parser` and checks it (obs-fold, framing,
   /// Host, absolute-form: C03): the rejection of a request the gateway refuses, if it is one.
   std::optional<Rejection> parse_head(beast::flat_buffer& buffer, HeldParser& parser,
-                                      const config::Limits& limits);
+                                      const Limits& limits);
   /// Writes `100 Continue` (RFC 9110 §10.1.1) within idle_timeout; false when it failed.
-  asio::awaitable<bool> send_continue(const config::Limits& limits);
+  asio::awaitable<bool> send_continue(const Limits& limits);
   /// Reads the body of a request the handler holds, bounded by max_request_body (C04), each read
   /// within idle_timeout (C07); sets `reject` for a body the gateway refuses. False when the
   /// connection itself failed.
   asio::awaitable<bool> read_held_body(beast::flat_buffer& buffer, HeldParser& parser,
-                                       const config::Limits& limits,
-                                       std::optional<Rejection>& reject);
+                                       const Limits& limits, std::optional<Rejection>& reject);
   /// The finaliser of answers the session writes (the handler's, and the gateway's own):
   /// the route's fields (C57), hop-by-hop fields removed, Date, Via, the request id, framing;
   /// then written, each write within idle_timeout (C07), or its tail streamed (C39). True when
   /// the whole answer was written; `keep_alive` false when the connection cannot carry more.
-  asio::awaitable<bool> write_answer(HandlerResult& result, const config::Route* route,
-                                     std::string_view origin, const config::Config& config,
+  asio::awaitable<bool> write_answer(HandlerResult& result, const Route* route,
+                                     std::string_view origin, const ProxyConfig& config,
                                      unsigned version, bool head, bool& keep_alive);
   /// The access line (C32) and the request_done observer of one answered request.
   void log_done(const Done& done, Clock::time_point started);
@@ -183,32 +182,32 @@ class BasicSession final : public Session {
   /// close after it.
   /// The references point into serve_one's frame, which outlives it.
   asio::awaitable<bool> serve_held(HeldParser& parser,
-                                   const std::shared_ptr<const config::Config>& config,
-                                   const config::Route* route, bool handled,
-                                   Admission::Ticket& in_flight, bool shed, bool shed_unread_body,
+                                   const std::shared_ptr<const ProxyConfig>& config,
+                                   const Route* route, bool handled, Admission::Ticket& in_flight,
+                                   bool shed, bool shed_unread_body,
                                    std::optional<Rejection>& reject, unsigned version,
                                    std::string_view origin, Clock::time_point started);
   /// A routed request that the handler does not hold, streamed (SPEC C38) or tunnelled (C40).
   asio::awaitable<bool> stream_one(beast::flat_buffer& buffer, HeldParser& parser,
-                                   const config::Config& config, const config::Route& route,
-                                   const config::Upstream& upstream, Clock::time_point started,
+                                   const ProxyConfig& config, const Route& route,
+                                   const Upstream& upstream, Clock::time_point started,
                                    std::string_view origin);
   /// Writes a streamed exchange's problem answer (`outcome.problem`: the relay wrote nothing)
   /// and logs an upstream failure; sets `written` and `status`. A frame of its own, as the
   /// rare path it is.
-  asio::awaitable<void> write_problem(RelayOutcome& outcome, const config::Config& config,
-                                      const config::Route& route, const config::Upstream& upstream,
+  asio::awaitable<void> write_problem(RelayOutcome& outcome, const ProxyConfig& config,
+                                      const Route& route, const Upstream& upstream,
                                       std::string_view origin, unsigned version, bool head);
   /// The lines of a streamed exchange: a cut, and its access line (a tunnel's with its bytes).
-  void log_streamed(const RelayOutcome& outcome, const config::Route& route,
-                    std::string_view method, std::string_view target, Clock::time_point started);
+  void log_streamed(const RelayOutcome& outcome, const Route& route, std::string_view method,
+                    std::string_view target, Clock::time_point started);
   asio::awaitable<void> lingering_close();
   /// Whether a new cleartext connection whose first bytes `buffer` holds starts with the HTTP/2
   /// client preface (SPEC C49), reading more while they are a beginning of it.
   asio::awaitable<bool> starts_h2(beast::flat_buffer& buffer);
   /// Sets request_id_ and trace_id_ for the request whose header is `fields` (nullptr: the
   /// header could not be parsed) and makes its id field agree (apply_request_id).
-  void take_ids(bhttp::fields* fields, const config::RequestId& ids);
+  void take_ids(bhttp::fields* fields, const RequestId& ids);
 
   Stream stream_;
   std::shared_ptr<SessionContext> context_;
@@ -381,7 +380,7 @@ asio::awaitable<bool> BasicSession<Stream>::starts_h2(beast::flat_buffer& buffer
 }
 
 template <class Stream>
-void BasicSession<Stream>::take_ids(bhttp::fields* fields, const config::RequestId& ids) {
+void BasicSession<Stream>::take_ids(bhttp::fields* fields, const RequestId& ids) {
   if (fields == nullptr) {
     bhttp::fields none;
     apply_request_id(none, ids, request_id_);
@@ -447,7 +446,7 @@ asio::awaitable<bool> BasicSession<Stream>::complete_header(beast::flat_buffer& 
 template <class Stream>
 std::optional<Rejection> BasicSession<Stream>::parse_head(beast::flat_buffer& buffer,
                                                           HeldParser& parser,
-                                                          const config::Limits& limits) {
+                                                          const Limits& limits) {
   if (has_obs_fold({static_cast<const char*>(buffer.data().data()), buffer.size()})) {
     return obs_fold_rejection();
   }
@@ -459,7 +458,7 @@ std::optional<Rejection> BasicSession<Stream>::parse_head(beast::flat_buffer& bu
 }
 
 template <class Stream>
-asio::awaitable<bool> BasicSession<Stream>::send_continue(const config::Limits& limits) {
+asio::awaitable<bool> BasicSession<Stream>::send_continue(const Limits& limits) {
   bhttp::response<bhttp::empty_body> interim{bhttp::status::continue_, 11};
   lowest().expires_after(limits.idle_timeout);
   auto [ec, n] = co_await bhttp::async_write(stream_, interim, use_nothrow);
@@ -468,8 +467,7 @@ asio::awaitable<bool> BasicSession<Stream>::send_continue(const config::Limits& 
 
 template <class Stream>
 asio::awaitable<bool> BasicSession<Stream>::read_held_body(beast::flat_buffer& buffer,
-                                                           HeldParser& parser,
-                                                           const config::Limits& limits,
+                                                           HeldParser& parser, const Limits& limits,
                                                            std::optional<Rejection>& reject) {
   // A held body (C04): a declared length over the limit is refused before any body byte.
   parser.body_limit(static_cast<std::uint64_t>(limits.max_request_body));
@@ -495,9 +493,11 @@ asio::awaitable<bool> BasicSession<Stream>::read_held_body(beast::flat_buffer& b
 }
 
 template <class Stream>
-asio::awaitable<bool> BasicSession<Stream>::write_answer(
-    HandlerResult& result, const config::Route* route, std::string_view origin,
-    const config::Config& config, unsigned version, bool head, bool& keep_alive) {
+asio::awaitable<bool> BasicSession<Stream>::write_answer(HandlerResult& result, const Route* route,
+                                                         std::string_view origin,
+                                                         const ProxyConfig& config,
+                                                         unsigned version, bool head,
+                                                         bool& keep_alive) {
   const auto& limits = config.limits;
   Response& res = result.response;
   if (route && !result.route_fields_set) {
@@ -551,7 +551,7 @@ void BasicSession<Stream>::log_done(const Done& done, Clock::time_point started)
 
 template <class Stream>
 asio::awaitable<bool> BasicSession<Stream>::serve_one(beast::flat_buffer& buffer,
-                                                      std::shared_ptr<const config::Config> config,
+                                                      std::shared_ptr<const ProxyConfig> config,
                                                       Clock::time_point started) {
   const auto& limits = config->limits;
   HeldParser& parser = held_parser_.emplace();
@@ -571,7 +571,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(beast::flat_buffer& buffer
   const std::string origin(parsed ? parser.get()[bhttp::field::origin] : "");
 
   // Routed by the header alone; what the handler does not need whole is streamed (C38, C40).
-  const config::Route* route = nullptr;
+  const Route* route = nullptr;
   auto upstream = config->upstreams.end();
   // The request's place in its route's max_in_flight, held until it is answered (C53).
   Admission::Ticket in_flight;
@@ -616,10 +616,10 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(beast::flat_buffer& buffer
 
 template <class Stream>
 asio::awaitable<bool> BasicSession<Stream>::serve_held(
-    HeldParser& parser, const std::shared_ptr<const config::Config>& config,
-    const config::Route* route, bool handled, Admission::Ticket& in_flight, bool shed,
-    bool shed_unread_body, std::optional<Rejection>& reject, unsigned version,
-    std::string_view origin, Clock::time_point started) {
+    HeldParser& parser, const std::shared_ptr<const ProxyConfig>& config, const Route* route,
+    bool handled, Admission::Ticket& in_flight, bool shed, bool shed_unread_body,
+    std::optional<Rejection>& reject, unsigned version, std::string_view origin,
+    Clock::time_point started) {
   Request request = parser.release();
   const std::string method(request.method_string());
   const std::string target(request.target());
@@ -654,9 +654,8 @@ asio::awaitable<bool> BasicSession<Stream>::serve_held(
 
 template <class Stream>
 asio::awaitable<bool> BasicSession<Stream>::stream_one(
-    beast::flat_buffer& buffer, HeldParser& parser, const config::Config& config,
-    const config::Route& route, const config::Upstream& upstream, Clock::time_point started,
-    std::string_view origin) {
+    beast::flat_buffer& buffer, HeldParser& parser, const ProxyConfig& config, const Route& route,
+    const Upstream& upstream, Clock::time_point started, std::string_view origin) {
   const auto& limits = config.limits;
   auto& header = parser.get();
   const unsigned version = header.version();
@@ -738,8 +737,8 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
 
 template <class Stream>
 asio::awaitable<void> BasicSession<Stream>::write_problem(
-    RelayOutcome& outcome, const config::Config& config, const config::Route& route,
-    const config::Upstream& upstream, std::string_view origin, unsigned version, bool head) {
+    RelayOutcome& outcome, const ProxyConfig& config, const Route& route, const Upstream& upstream,
+    std::string_view origin, unsigned version, bool head) {
   HandlerResult answer;
   answer.response = std::move(*outcome.problem);
   outcome.written =
@@ -755,7 +754,7 @@ asio::awaitable<void> BasicSession<Stream>::write_problem(
 }
 
 template <class Stream>
-void BasicSession<Stream>::log_streamed(const RelayOutcome& outcome, const config::Route& route,
+void BasicSession<Stream>::log_streamed(const RelayOutcome& outcome, const Route& route,
                                         std::string_view method, std::string_view target,
                                         Clock::time_point started) {
   const std::string_view ended = outcome.client_closed ? "client_closed" : "";

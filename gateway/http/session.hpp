@@ -11,11 +11,11 @@
 #include <string_view>
 #include <unordered_set>
 
-#include "gateway/config/config.hpp"
 #include "gateway/http/admission.hpp"
 #include "gateway/http/connection_gate.hpp"
 #include "gateway/http/handler.hpp"
 #include "gateway/http/header_deadlines.hpp"
+#include "gateway/http/settings.hpp"
 
 namespace idemgate::http {
 
@@ -45,7 +45,7 @@ struct SessionObservers {
 /// What the sessions of one io thread share. Owned by the Server; used on that thread only.
 struct SessionContext {
   /// The configuration snapshot for the next request (a reload applies to new requests).
-  std::function<std::shared_ptr<const config::Config>()> config;
+  std::function<std::shared_ptr<const ProxyConfig>()> config;
   /// The thread's handler; outlives every session of the thread.
   RequestHandler* handler = nullptr;
   /// Set when the server stops: no new request is read, responses carry `Connection: close`.

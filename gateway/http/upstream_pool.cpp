@@ -49,7 +49,7 @@ using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 /// While pooled (plain TCP) and not yet watched, a Connection is an entry of its pool's
 /// idle_watches_ list, due kIdleWatchAfter after it went idle.
 struct UpstreamPool::Connection : common::DeadlineList::Entry {
-  Connection(asio::any_io_executor executor, config::Server to,
+  Connection(asio::any_io_executor executor, common::HostPort to,
              std::shared_ptr<asio::ssl::context> tls_context)
       : server(std::move(to)), tls(std::move(tls_context)) {
     if (tls) {
@@ -65,7 +65,7 @@ struct UpstreamPool::Connection : common::DeadlineList::Entry {
   Connection& operator=(const Connection&) = delete;
   beast::tcp_stream& tcp() { return tls_stream ? beast::get_lowest_layer(*tls_stream) : *plain; }
 
-  config::Server server;  ///< the server it is connected to
+  common::HostPort server;  ///< the server it is connected to
   Clock::time_point idle_deadline{};
   /// While pooled and not yet watched: the list it waits in, and the pool state it is idle in.
   common::DeadlineList* watch_list = nullptr;
@@ -119,7 +119,7 @@ namespace {
 /// How long before the upstream's announced keep-alive end a pooled connection is retired (C08).
 constexpr auto kKeepAliveMargin = std::chrono::seconds(1);
 
-std::string server_key(const config::Server& server) {
+std::string server_key(const common::HostPort& server) {
   return common::format_host_port(server.host, server.port);
 }
 
@@ -135,8 +135,8 @@ bool peer_closed(tcp::socket& socket) {
   return !(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
 }
 
-asio::awaitable<boost::system::error_code> connect(beast::tcp_stream* stream, config::Server server,
-                                                   config::Duration timeout) {
+asio::awaitable<boost::system::error_code> connect(beast::tcp_stream* stream,
+                                                   common::HostPort server, Duration timeout) {
   boost::system::error_code ec;
   const auto address = asio::ip::make_address(server.host, ec);
   if (!ec) {
@@ -157,8 +157,7 @@ asio::awaitable<boost::system::error_code> connect(beast::tcp_stream* stream, co
   co_return ec;
 }
 
-std::shared_ptr<asio::ssl::context> make_client_tls(const config::Upstream& upstream,
-                                                    std::string& error) {
+std::shared_ptr<asio::ssl::context> make_client_tls(const Upstream& upstream, std::string& error) {
   auto context = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_client);
   context->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
                        asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
@@ -180,7 +179,7 @@ std::shared_ptr<asio::ssl::context> make_client_tls(const config::Upstream& upst
 // TLS on an established TCP connection: SNI (names only, RFC 6066 §3), then a handshake that
 // verifies the chain and that the certificate names `name`, within the connect timeout.
 asio::awaitable<boost::system::error_code> handshake(TlsStream* stream, std::string name,
-                                                     config::Duration timeout) {
+                                                     Duration timeout) {
   boost::system::error_code ec;
   asio::ip::make_address(name, ec);
   if (ec && !SSL_set_tlsext_host_name(stream->native_handle(), name.c_str())) {
@@ -211,8 +210,7 @@ asio::awaitable<void> write_request(std::shared_ptr<UpstreamPool::Wire> wire,
 asio::awaitable<void> write_streamed_request(std::shared_ptr<UpstreamPool::Wire> wire,
                                              std::shared_ptr<const Request> request,
                                              std::shared_ptr<RequestBodySource> source,
-                                             config::Duration idle_timeout,
-                                             config::Duration request_timeout) {
+                                             Duration idle_timeout, Duration request_timeout) {
   ByteStream stream = UpstreamPool::stream_of(*wire->lease.connection);
   bhttp::request<bhttp::buffer_body> out{request->base()};
   out.body().data = nullptr;
@@ -253,8 +251,7 @@ asio::awaitable<void> write_streamed_request(std::shared_ptr<UpstreamPool::Wire>
 
 // `upstream` must stay valid until the returned awaitable completes.
 asio::awaitable<boost::system::error_code> open(UpstreamPool::Connection* connection,
-                                                config::Server server,
-                                                const config::Upstream& upstream) {
+                                                common::HostPort server, const Upstream& upstream) {
   auto ec = co_await connect(&connection->tcp(), server, upstream.connect_timeout);
   if (ec || !connection->tls_stream) co_return ec;
   const std::string name =
@@ -275,7 +272,7 @@ std::size_t UpstreamPool::idle_connections(const std::string& upstream) const {
 }
 
 std::unique_ptr<UpstreamPool::Connection> UpstreamPool::take_idle(UpstreamState& state,
-                                                                  const config::Server& server) {
+                                                                  const common::HostPort& server) {
   const auto now = Clock::now();
   std::erase_if(state.idle, [&](const auto& c) { return c->idle_deadline <= now; });
   // Most recently used first: the least likely to have been closed by the upstream.
@@ -304,7 +301,7 @@ std::unique_ptr<UpstreamPool::Connection> UpstreamPool::take_idle(UpstreamState&
   return nullptr;
 }
 
-void UpstreamPool::put_idle(UpstreamState& state, const config::Upstream& upstream,
+void UpstreamPool::put_idle(UpstreamState& state, const Upstream& upstream,
                             std::unique_ptr<Connection> connection) {
   if (upstream.max_idle_connections <= 0) return;
   const auto now = Clock::now();
@@ -344,8 +341,7 @@ void UpstreamPool::watch_idle(common::DeadlineList::Entry& entry) {
       });
 }
 
-UpstreamPool::UpstreamState* UpstreamPool::state_for(const config::Upstream& upstream,
-                                                     std::string& error) {
+UpstreamPool::UpstreamState* UpstreamPool::state_for(const Upstream& upstream, std::string& error) {
   auto& slot = upstreams_[upstream.name];
   if (!slot) slot = std::make_unique<UpstreamState>();
   UpstreamState& state = *slot;
@@ -370,7 +366,7 @@ ByteStream UpstreamPool::stream_of(Connection& connection) {
   return connection.tls_stream ? ByteStream(*connection.tls_stream) : ByteStream(*connection.plain);
 }
 
-asio::awaitable<UpstreamPool::Lease> UpstreamPool::lease(const config::Upstream& upstream,
+asio::awaitable<UpstreamPool::Lease> UpstreamPool::lease(const Upstream& upstream,
                                                          bool allow_pooled) {
   Lease out;
   out.connection = {nullptr, &delete_connection};
@@ -380,7 +376,7 @@ asio::awaitable<UpstreamPool::Lease> UpstreamPool::lease(const config::Upstream&
   const std::size_t first = count == 0 ? 0 : state->next_server++ % count;
   std::string last_error = "the upstream has no servers";
   for (std::size_t i = 0; i < count; ++i) {
-    const config::Server server = upstream.servers[(first + i) % count];
+    const common::HostPort server = upstream.servers[(first + i) % count];
     if (allow_pooled) {
       if (auto idle = take_idle(*state, server)) {
         out.connection.reset(idle.release());
@@ -405,13 +401,13 @@ asio::awaitable<UpstreamPool::Lease> UpstreamPool::lease(const config::Upstream&
   co_return out;
 }
 
-UpstreamPool::Lease UpstreamPool::take_pooled(const config::Upstream& upstream) {
+UpstreamPool::Lease UpstreamPool::take_pooled(const Upstream& upstream) {
   Lease out;
   out.connection = {nullptr, &delete_connection};
   UpstreamState* const state = state_for(upstream, out.detail);
   const std::size_t count = upstream.servers.size();
   if (state == nullptr || count == 0) return out;
-  const config::Server& server = upstream.servers[state->next_server % count];
+  const common::HostPort& server = upstream.servers[state->next_server % count];
   if (auto idle = take_idle(*state, server)) {
     ++state->next_server;
     out.connection.reset(idle.release());
@@ -421,8 +417,8 @@ UpstreamPool::Lease UpstreamPool::take_pooled(const config::Upstream& upstream) 
   return out;
 }
 
-asio::awaitable<UpstreamPool::Lease> UpstreamPool::reconnect(const config::Upstream& upstream,
-                                                             config::Server server) {
+asio::awaitable<UpstreamPool::Lease> UpstreamPool::reconnect(const Upstream& upstream,
+                                                             common::HostPort server) {
   Lease out;
   out.connection = {nullptr, &delete_connection};
   out.server = server;
@@ -439,7 +435,7 @@ asio::awaitable<UpstreamPool::Lease> UpstreamPool::reconnect(const config::Upstr
   co_return out;
 }
 
-void UpstreamPool::give_back(const config::Upstream& upstream, Lease lease,
+void UpstreamPool::give_back(const Upstream& upstream, Lease lease,
                              std::optional<std::chrono::seconds> keep_alive) {
   if (!lease.connection) return;
   std::string error;
@@ -514,7 +510,7 @@ asio::awaitable<ResponseHead> read_response_head(ByteStream stream, beast::flat_
   }
 }
 
-ResponseTail::ResponseTail(UpstreamPool& pool, config::Upstream upstream,
+ResponseTail::ResponseTail(UpstreamPool& pool, Upstream upstream,
                            std::shared_ptr<UpstreamPool::Wire> wire,
                            std::unique_ptr<StreamResponseParser> p, beast::flat_buffer b,
                            std::string bytes)
@@ -543,9 +539,8 @@ void ResponseTail::finish() {
 }
 
 asio::awaitable<UpstreamPool::Attempt> UpstreamPool::exchange(
-    std::shared_ptr<Wire> wire, std::shared_ptr<const Request> request,
-    const config::Upstream& upstream, bool head, std::size_t hold_limit,
-    std::shared_ptr<RequestBodySource> request_body) {
+    std::shared_ptr<Wire> wire, std::shared_ptr<const Request> request, const Upstream& upstream,
+    bool head, std::size_t hold_limit, std::shared_ptr<RequestBodySource> request_body) {
   Attempt attempt;
   Connection& connection = *wire->lease.connection;
   ByteStream stream = stream_of(connection);
@@ -648,11 +643,11 @@ asio::awaitable<UpstreamPool::Attempt> UpstreamPool::exchange(
   co_return attempt;
 }
 
-asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& upstream_ref,
+asio::awaitable<ForwardResult> UpstreamPool::forward(const Upstream& upstream_ref,
                                                      Request request_in, std::size_t hold_limit,
                                                      std::shared_ptr<RequestBodySource> body) {
   // A copy: the reference is only promised until the first suspension.
-  const config::Upstream upstream = upstream_ref;
+  const Upstream upstream = upstream_ref;
   const auto start = Clock::now();
   ForwardResult result;
 
@@ -681,7 +676,7 @@ asio::awaitable<ForwardResult> UpstreamPool::forward(const config::Upstream& ups
                                  : "a pooled connection closed; " + std::move(lease.detail);
       break;
     }
-    const config::Server server = lease.server;
+    const common::HostPort server = lease.server;
     const bool pooled = lease.pooled;
     const auto key = server_key(server);
     if (!client_sent_host) request->set(bhttp::field::host, key);

@@ -59,7 +59,7 @@ class UpstreamPool final : public Forwarder {
   UpstreamPool& operator=(const UpstreamPool&) = delete;
 
   boost::asio::awaitable<ForwardResult> forward(
-      const config::Upstream& upstream, Request request, std::size_t hold_limit,
+      const Upstream& upstream, Request request, std::size_t hold_limit,
       std::shared_ptr<RequestBodySource> body = nullptr) override;
 
   /// Idle pooled connections to `upstream` right now (for tests and metrics).
@@ -76,24 +76,24 @@ class UpstreamPool final : public Forwarder {
     /// Taken from the idle pool: the upstream may have closed it as the request went out; a
     /// failure before the first response byte may then be retried once on reconnect() (C08).
     bool pooled = false;
-    config::Server server;  ///< the server it is connected to
-    std::string detail;     ///< why there is no connection, when `connection` is null
+    common::HostPort server;  ///< the server it is connected to
+    std::string detail;       ///< why there is no connection, when `connection` is null
   };
 
   /// A connection to one of `upstream`'s servers: round robin, the next server only after a
   /// connect failure (C08); an idle pooled one when `allow_pooled`. Never throws for network
   /// errors: a null `connection` and a `detail` instead. `upstream` must stay valid until the
   /// returned awaitable completes (the caller holds its configuration snapshot).
-  boost::asio::awaitable<Lease> lease(const config::Upstream& upstream, bool allow_pooled);
+  boost::asio::awaitable<Lease> lease(const Upstream& upstream, bool allow_pooled);
   /// lease() without suspending when it can: an idle pooled connection to the server round robin
   /// picks next. A null `connection` when that server has none idle (lease() then picks the same
   /// server); `detail` says why when the upstream's TLS context cannot be built.
-  Lease take_pooled(const config::Upstream& upstream);
+  Lease take_pooled(const Upstream& upstream);
   /// A fresh connection to `server` of `upstream` (the C08 retry of a stale pooled connection).
-  boost::asio::awaitable<Lease> reconnect(const config::Upstream& upstream, config::Server server);
+  boost::asio::awaitable<Lease> reconnect(const Upstream& upstream, common::HostPort server);
   /// Returns a connection whose last response ended cleanly (complete, keep-alive, nothing read
   /// past it) to the idle pool; `keep_alive` is the upstream's `Keep-Alive: timeout=N`.
-  void give_back(const config::Upstream& upstream, Lease lease,
+  void give_back(const Upstream& upstream, Lease lease,
                  std::optional<std::chrono::seconds> keep_alive);
   /// The byte stream of a leased connection.
   static ByteStream stream_of(Connection& connection);
@@ -102,16 +102,16 @@ class UpstreamPool final : public Forwarder {
   struct UpstreamState;
   /// The pool state of `upstream`, with its TLS context (re)built when needed; null with
   /// `error` set when the CA file cannot be loaded.
-  UpstreamState* state_for(const config::Upstream& upstream, std::string& error);
+  UpstreamState* state_for(const Upstream& upstream, std::string& error);
   struct Attempt;
   /// One request and its response on `wire` (C47: written and read at once).
   boost::asio::awaitable<Attempt> exchange(std::shared_ptr<Wire> wire,
                                            std::shared_ptr<const Request> request,
-                                           const config::Upstream& upstream, bool head,
+                                           const Upstream& upstream, bool head,
                                            std::size_t hold_limit,
                                            std::shared_ptr<RequestBodySource> body);
-  std::unique_ptr<Connection> take_idle(UpstreamState& state, const config::Server& server);
-  void put_idle(UpstreamState& state, const config::Upstream& upstream,
+  std::unique_ptr<Connection> take_idle(UpstreamState& state, const common::HostPort& server);
+  void put_idle(UpstreamState& state, const Upstream& upstream,
                 std::unique_ptr<Connection> connection);
   /// Arms the read that notices the upstream closing an idle connection (on_due of a pooled
   /// Connection's entry).
@@ -132,8 +132,7 @@ class UpstreamPool final : public Forwarder {
 /// connection closes when the tail is destroyed, unless finish() gave it back to the pool.
 /// Used on its pool's thread only; the pool must outlive it.
 struct ResponseTail {
-  ResponseTail(UpstreamPool& pool, config::Upstream upstream,
-               std::shared_ptr<UpstreamPool::Wire> wire,
+  ResponseTail(UpstreamPool& pool, Upstream upstream, std::shared_ptr<UpstreamPool::Wire> wire,
                std::unique_ptr<StreamResponseParser> parser, boost::beast::flat_buffer buffer,
                std::string prefix);
   ~ResponseTail();
@@ -143,7 +142,7 @@ struct ResponseTail {
   /// The upstream connection the rest of the body comes from.
   ByteStream stream();
   /// The upstream's `idle_timeout`: each read of the rest must progress within it.
-  config::Duration idle_timeout() const { return upstream_.idle_timeout; }
+  Duration idle_timeout() const { return upstream_.idle_timeout; }
   /// The upstream's name, for log lines.
   std::string_view upstream_name() const { return upstream_.name; }
   /// Returns the connection to the pool when the body has ended cleanly and the connection may
@@ -156,7 +155,7 @@ struct ResponseTail {
 
  private:
   UpstreamPool* pool_;
-  config::Upstream upstream_;
+  Upstream upstream_;
   std::shared_ptr<UpstreamPool::Wire> wire_;
 };
 

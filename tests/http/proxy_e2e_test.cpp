@@ -34,7 +34,7 @@
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
-namespace config = idemgate::config;
+namespace http = idemgate::http;
 using tcp = asio::ip::tcp;
 using idemgate::common::use_nothrow;
 using namespace std::chrono_literals;
@@ -355,8 +355,8 @@ class RefusingPort {
   tcp::socket socket_;
 };
 
-config::Upstream make_upstream(std::string name, std::vector<std::uint16_t> ports) {
-  config::Upstream u;
+http::Upstream make_upstream(std::string name, std::vector<std::uint16_t> ports) {
+  http::Upstream u;
   u.name = std::move(name);
   for (auto port : ports) u.servers.push_back({"127.0.0.1", port});
   u.connect_timeout = 2s;
@@ -365,8 +365,8 @@ config::Upstream make_upstream(std::string name, std::vector<std::uint16_t> port
   return u;
 }
 
-config::Route make_route(std::string name, std::string prefix, std::string upstream) {
-  config::Route r;
+http::Route make_route(std::string name, std::string prefix, std::string upstream) {
+  http::Route r;
   r.name = std::move(name);
   r.match.path_prefix = std::move(prefix);
   r.upstream = std::move(upstream);
@@ -380,7 +380,7 @@ std::unique_ptr<idemgate::http::RequestHandler> make_proxy(asio::io_context& io,
 
 class Gateway {
  public:
-  explicit Gateway(std::shared_ptr<const config::Config> cfg,
+  explicit Gateway(std::shared_ptr<const http::ProxyConfig> cfg,
                    idemgate::http::Server::HandlerFactory factory = make_proxy)
       : server_(std::move(cfg), std::move(factory)) {
     thread_ = std::thread([this] { server_.run(); });
@@ -408,7 +408,7 @@ struct Env {
   TestUpstream a;
   TestUpstream b;
   RefusingPort refusing;
-  std::shared_ptr<config::Config> cfg = std::make_shared<config::Config>();
+  std::shared_ptr<http::ProxyConfig> cfg = std::make_shared<http::ProxyConfig>();
   std::unique_ptr<Gateway> gateway;
 
   Env() {
@@ -957,7 +957,7 @@ BOOST_FIXTURE_TEST_CASE(spec_C08_a_pooled_connection_the_upstream_closes_leaves_
   // with no request needing it (and no probe when one is taken).
   asio::io_context io;
   idemgate::http::UpstreamPool pool(io.get_executor());
-  const config::Upstream upstream = cfg->upstreams.at("main");
+  const http::Upstream upstream = cfg->upstreams.at("main");
   std::optional<idemgate::http::ForwardResult> result;
   asio::co_spawn(
       io,
@@ -1048,7 +1048,7 @@ BOOST_FIXTURE_TEST_CASE(handler_exception_is_answered_with_500_and_closes_the_co
 BOOST_FIXTURE_TEST_CASE(updated_config_applies_to_the_next_request, Env) {
   Client client(start());
   BOOST_TEST(client.roundtrip(request("POST", "/u/echo", "", "x")).result_int() == 200u);
-  auto reloaded = std::make_shared<config::Config>(*cfg);
+  auto reloaded = std::make_shared<http::ProxyConfig>(*cfg);
   reloaded->routes.clear();
   gateway->server().update_config(reloaded);
   BOOST_TEST(client.roundtrip(request("POST", "/u/echo", "", "x")).result_int() == 404u);

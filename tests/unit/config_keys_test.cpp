@@ -23,7 +23,7 @@ constexpr auto& load = idemgate::test::load_config_text;
 constexpr auto& error_of = idemgate::test::config_error_of;
 
 const cfg::Idempotency& idem(const std::shared_ptr<const cfg::Config>& c) {
-  return c->routes.at(0).idempotency;
+  return cfg::contract_of(c->routes.at(0)).idempotency;
 }
 
 }  // namespace
@@ -111,7 +111,7 @@ BOOST_AUTO_TEST_CASE(spec_C57_cors_reads_origins_lists_and_max_age) {
                       "    cors: { allow_origins: [\"https://App.Example.com\", "
                       "\"http://[::1]:8080\"], allow_headers: [Content-Type], "
                       "expose_headers: [Location], max_age: 10m, allow_credentials: true }\n");
-  const auto& cors = c->routes.at(0).cors;
+  const auto& cors = cfg::contract_of(c->routes.at(0)).cors;
   BOOST_TEST_REQUIRE(cors.has_value());
   BOOST_TEST((cors->allow_origins ==
               std::vector<std::string>{"https://app.example.com", "http://[::1]:8080"}));
@@ -120,9 +120,10 @@ BOOST_AUTO_TEST_CASE(spec_C57_cors_reads_origins_lists_and_max_age) {
   BOOST_TEST(cors->expose_headers == std::vector<std::string>{"Location"});
   BOOST_TEST(cors->max_age->count() == 600'000);
   BOOST_TEST(cors->allow_credentials);
-  BOOST_TEST(!load(kBase)->routes.at(0).cors.has_value());
+  BOOST_TEST(!cfg::contract_of(load(kBase)->routes.at(0)).cors.has_value());
   const auto any = load(kBase + "    cors: { allow_origins: [\"*\"], allow_headers: [\"*\"] }\n");
-  BOOST_TEST(any->routes.at(0).cors->allow_origins == std::vector<std::string>{"*"});
+  BOOST_TEST(cfg::contract_of(any->routes.at(0)).cors->allow_origins ==
+             std::vector<std::string>{"*"});
 }
 
 BOOST_AUTO_TEST_CASE(spec_C57_bad_cors_values_are_refused_naming_file_line_and_key) {

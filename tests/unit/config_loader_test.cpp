@@ -48,7 +48,7 @@ constexpr auto& load = idemgate::test::load_config_text;
 constexpr auto& error_of = idemgate::test::config_error_of;
 
 cfg::Idempotency idem_of(const std::string& text) {
-  return load(text)->routes.at(0).idempotency;
+  return cfg::contract_of(load(text)->routes.at(0)).idempotency;
 }
 
 bool has_warning(const cfg::Config& c, const std::string& text) {
@@ -118,7 +118,7 @@ BOOST_AUTO_TEST_CASE(loads_spec_section2_example_with_its_values) {
   BOOST_TEST(r.match.path.empty());
   BOOST_TEST(r.match.methods == std::vector<std::string>{"POST"});
   BOOST_TEST(r.upstream == "payments");
-  const cfg::Idempotency& i = r.idempotency;
+  const cfg::Idempotency& i = cfg::contract_of(r).idempotency;
   BOOST_TEST((i.mode == cfg::IdempotencyMode::required));
   BOOST_TEST((i.methods == std::vector<std::string>{"POST", "PATCH"}));
   BOOST_TEST(i.ttl.count() == 48 * 3'600'000);
@@ -140,7 +140,7 @@ BOOST_AUTO_TEST_CASE(loads_spec_section2_example_with_its_values) {
   BOOST_TEST((i.fingerprint_body == cfg::FingerprintBody::bytes));
   BOOST_TEST((i.on_store_error == cfg::StoreErrorPolicy::fail_closed));
   BOOST_TEST(c->routes[1].name == "legacy");
-  BOOST_TEST((c->routes[1].idempotency.mode == cfg::IdempotencyMode::off));
+  BOOST_TEST((cfg::contract_of(c->routes[1]).idempotency.mode == cfg::IdempotencyMode::off));
 }
 
 BOOST_AUTO_TEST_CASE(applies_spec_defaults_when_keys_are_omitted) {
@@ -162,7 +162,7 @@ BOOST_AUTO_TEST_CASE(applies_spec_defaults_when_keys_are_omitted) {
   BOOST_TEST(c->upstreams.at("app").servers.at(0).host == "localhost");
   BOOST_TEST(c->upstreams.at("app").request_timeout.count() == 20'000);
 
-  const cfg::Idempotency& i = c->routes.at(0).idempotency;
+  const cfg::Idempotency& i = cfg::contract_of(c->routes.at(0)).idempotency;
   BOOST_TEST((i.mode == cfg::IdempotencyMode::off));
   BOOST_TEST((i.methods == std::vector<std::string>{"POST", "PATCH"}));
   BOOST_TEST(i.ttl.count() == 24 * 3'600'000);
@@ -198,10 +198,12 @@ BOOST_AUTO_TEST_CASE(spec_C14_rewrite_reads_secret_relative_to_the_config_file) 
   const cfg::Route& r = c->routes.at(0);
   BOOST_TEST(r.match.path == "/hooks/stripe");
   BOOST_TEST(r.match.host == "*.example.com");
-  BOOST_TEST((r.idempotency.upstream_key == cfg::UpstreamKey::rewrite));
-  BOOST_TEST(r.idempotency.upstream_key_secret_file == "tests/data/config/hmac.key");
+  BOOST_TEST((cfg::contract_of(r).idempotency.upstream_key == cfg::UpstreamKey::rewrite));
+  BOOST_TEST(cfg::contract_of(r).idempotency.upstream_key_secret_file ==
+             "tests/data/config/hmac.key");
   // The file's final newline is not part of the key.
-  BOOST_TEST(r.idempotency.upstream_key_secret == "a-test-only-secret-of-forty-bytes-0123456");
+  BOOST_TEST(cfg::contract_of(r).idempotency.upstream_key_secret ==
+             "a-test-only-secret-of-forty-bytes-0123456");
   BOOST_TEST(c->warnings.empty());
 }
 
@@ -476,7 +478,7 @@ BOOST_AUTO_TEST_CASE(request_id_that_the_gateway_generates_cannot_be_a_key) {
   const auto c =
       load(with_idempotency("      key_source: { header: X-Request-Id }\n"
                             "request_id: { generate: false }\n"));
-  BOOST_TEST(c->routes.at(0).idempotency.key_source.header == "X-Request-Id");
+  BOOST_TEST(cfg::contract_of(c->routes.at(0)).idempotency.key_source.header == "X-Request-Id");
   // In the scope or the fingerprint it only warns: a client that repeats its id still works.
   const auto w =
       load(with_idempotency("      key_scope: { headers: [X-Request-Id] }\n"
@@ -631,7 +633,7 @@ BOOST_AUTO_TEST_CASE(short_hmac_secret_and_non_default_key_source_rewrite_warn) 
       with_idempotency("      upstream_key: rewrite\n      upstream_key_secret_file: short.key\n"
                        "      key_source: { header: ce-id }\n"),
       name);
-  BOOST_TEST(c->routes[0].idempotency.upstream_key_secret == "tooshort");
+  BOOST_TEST(cfg::contract_of(c->routes[0]).idempotency.upstream_key_secret == "tooshort");
   BOOST_TEST(has_warning(*c, name +
                                  ":13: routes[0].idempotency.upstream_key_secret_file: the secret "
                                  "has 8 bytes; HMAC-SHA-256 wants at least 32 (RFC 2104 §3)"));
@@ -654,7 +656,7 @@ BOOST_AUTO_TEST_CASE(ttl_is_at_least_1s_and_outside_24h_to_72h_warns) {
   BOOST_TEST(error_of(with_idempotency("      ttl: 999ms\n")) ==
              "t.yaml:12: routes[0].idempotency.ttl: must be between 1s and 8760h, got 999ms");
   const auto c = load(with_idempotency("      ttl: 12h\n"));
-  BOOST_TEST(c->routes[0].idempotency.ttl.count() == 12 * 3'600'000);
+  BOOST_TEST(cfg::contract_of(c->routes[0]).idempotency.ttl.count() == 12 * 3'600'000);
   BOOST_TEST_REQUIRE(c->warnings.size() == 1u);
   BOOST_TEST(c->warnings[0] ==
              "t.yaml:12: routes[0].idempotency.ttl: ttl 12h is outside 24h-72h: shorter lets late "

@@ -192,7 +192,7 @@ BOOST_AUTO_TEST_CASE(spec_C20_scope_headers_are_found_by_case_insensitive_name) 
   upper.insert("AUTHORIZATION", "Bearer alice");
   config::Route route;
   route.name = "payments";
-  route.idempotency.key_scope_headers = {"Authorization"};
+  config::contract_of(route).idempotency.key_scope_headers = {"Authorization"};
   std::vector<HeaderValues> alice = {{"Authorization", {"Bearer alice"}}};
   BOOST_TEST(to_hex(idemgate::request_scope(route, lower)) ==
              to_hex(compute_scope("payments", alice)));

@@ -13,7 +13,6 @@
 #include "tests/support/h2_frames.hpp"
 
 namespace bhttp = boost::beast::http;
-namespace config = idemgate::config;
 namespace http = idemgate::http;
 namespace h2 = idemgate::test::h2;
 
@@ -23,7 +22,7 @@ namespace {
 struct Harness final : http::H2Events {
   explicit Harness(std::size_t max_streams = 100, std::size_t max_body = 4096,
                    std::size_t max_header = 1024) {
-    auto cfg = std::make_shared<config::Config>();
+    auto cfg = std::make_shared<http::ProxyConfig>();
     cfg->limits.h2_max_concurrent_streams = max_streams;
     cfg->limits.max_request_body = max_body;
     cfg->limits.max_header_bytes = max_header;
@@ -31,7 +30,7 @@ struct Harness final : http::H2Events {
     codec.emplace([cfg] { return cfg; }, *this);
   }
 
-  std::shared_ptr<const config::Config> snapshot;
+  std::shared_ptr<const http::ProxyConfig> snapshot;
   std::optional<http::H2Codec> codec;
   std::vector<std::shared_ptr<http::H2Stream>> ready;
   std::vector<std::int32_t> closed;

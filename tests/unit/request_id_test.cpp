@@ -13,7 +13,6 @@
 #include "gateway/http/traceparent.hpp"
 
 namespace http = idemgate::http;
-namespace config = idemgate::config;
 
 namespace {
 
@@ -117,7 +116,7 @@ BOOST_AUTO_TEST_CASE(valid_received_request_id_is_kept_and_the_field_untouched) 
   boost::beast::http::fields f;
   f.insert("x-request-id", "client-42");
   std::string storage;
-  const auto id = http::apply_request_id(f, config::RequestId{}, storage);
+  const auto id = http::apply_request_id(f, http::RequestId{}, storage);
   BOOST_TEST(id == "client-42");
   BOOST_TEST(values(f, "X-Request-Id") == std::vector<std::string>{"client-42"});
 }
@@ -126,12 +125,12 @@ BOOST_AUTO_TEST_CASE(absent_request_id_is_generated_and_added) {
   boost::beast::http::fields f;
   f.insert("Accept", "*/*");
   std::string storage;
-  const std::string id(http::apply_request_id(f, config::RequestId{}, storage));
+  const std::string id(http::apply_request_id(f, http::RequestId{}, storage));
   BOOST_TEST(is_uuid_v4(id), id);
   BOOST_TEST(values(f, "X-Request-Id") == std::vector<std::string>{id});
   // The next request gets another one; the storage is reused.
   boost::beast::http::fields g;
-  BOOST_TEST(http::apply_request_id(g, config::RequestId{}, storage) != id);
+  BOOST_TEST(http::apply_request_id(g, http::RequestId{}, storage) != id);
 }
 
 BOOST_AUTO_TEST_CASE(invalid_or_repeated_request_id_is_replaced_by_a_generated_one) {
@@ -141,14 +140,14 @@ BOOST_AUTO_TEST_CASE(invalid_or_repeated_request_id_is_replaced_by_a_generated_o
     boost::beast::http::fields f;
     for (const auto& v : sent) f.insert("X-Request-Id", v);
     std::string storage;
-    const std::string id(http::apply_request_id(f, config::RequestId{}, storage));
+    const std::string id(http::apply_request_id(f, http::RequestId{}, storage));
     BOOST_TEST(is_uuid_v4(id), id);
     BOOST_TEST(values(f, "X-Request-Id") == std::vector<std::string>{id});
   }
 }
 
 BOOST_AUTO_TEST_CASE(without_generate_the_field_is_never_written) {
-  config::RequestId cfg;
+  http::RequestId cfg;
   cfg.generate = false;
   std::string storage = "left over from the previous request";
   {
@@ -170,7 +169,7 @@ BOOST_AUTO_TEST_CASE(without_generate_the_field_is_never_written) {
 }
 
 BOOST_AUTO_TEST_CASE(configured_header_name_is_used) {
-  config::RequestId cfg;
+  http::RequestId cfg;
   cfg.header = "X-Correlation-Id";
   boost::beast::http::fields f;
   f.insert("X-Request-Id", "not this one");

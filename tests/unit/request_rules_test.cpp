@@ -38,7 +38,7 @@ std::optional<http::Rejection> check(std::string_view text) {
   boost::system::error_code ec;
   parser.put(boost::asio::buffer(text.data(), text.size()), ec);
   if (ec && ec != bhttp::error::need_more) {
-    return http::rejection_for(ec, idemgate::config::Limits{});
+    return http::rejection_for(ec, http::Limits{});
   }
   BOOST_REQUIRE(parser.is_header_done());
   auto header = parser.get().base();
@@ -121,7 +121,7 @@ BOOST_AUTO_TEST_CASE(spec_C03_obs_fold_is_found_in_the_header_section_only) {
 }
 
 BOOST_AUTO_TEST_CASE(spec_C04_parse_errors_map_to_their_problems_and_limits) {
-  idemgate::config::Limits limits;
+  http::Limits limits;
   limits.max_header_bytes = 2048;
   limits.max_request_body = 4096;
   const auto header = http::rejection_for(bhttp::error::header_limit, limits);

@@ -6,25 +6,25 @@
 
 using idemgate::http::match;
 using idemgate::http::target_path;
-namespace config = idemgate::config;
+namespace http = idemgate::http;
 
 namespace {
 
-config::Route route(std::string name, std::string path_prefix, std::string path = "",
-                    std::string host = "", std::vector<std::string> methods = {}) {
-  config::Match m;
+http::Route route(std::string name, std::string path_prefix, std::string path = "",
+                  std::string host = "", std::vector<std::string> methods = {}) {
+  http::Match m;
   m.path_prefix = std::move(path_prefix);
   m.path = std::move(path);
   m.host = std::move(host);
   m.methods = std::move(methods);
-  config::Route r;
+  http::Route r;
   r.name = std::move(name);
   r.match = std::move(m);
   r.upstream = "u";
   return r;
 }
 
-std::string matched(const config::Config& c, std::string_view host, std::string_view path,
+std::string matched(const http::ProxyConfig& c, std::string_view host, std::string_view path,
                     std::string_view method) {
   const auto* r = match(c, host, path, method);
   return r ? r->name : "<none>";
@@ -33,14 +33,14 @@ std::string matched(const config::Config& c, std::string_view host, std::string_
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(spec_C01_no_route_matches_returns_null) {
-  config::Config c;
+  http::ProxyConfig c;
   c.routes.push_back(route("payments", "/payments"));
   BOOST_TEST(match(c, "example.com", "/orders", "POST") == nullptr);
-  BOOST_TEST(match(config::Config{}, "example.com", "/", "GET") == nullptr);
+  BOOST_TEST(match(http::ProxyConfig{}, "example.com", "/", "GET") == nullptr);
 }
 
 BOOST_AUTO_TEST_CASE(routes_are_tried_in_file_order_first_match_wins) {
-  config::Config c;
+  http::ProxyConfig c;
   c.routes.push_back(route("narrow", "/payments", "", "", {"POST"}));
   c.routes.push_back(route("catch_all", "/"));
   BOOST_TEST(matched(c, "h", "/payments/1", "POST") == "narrow");
@@ -49,7 +49,7 @@ BOOST_AUTO_TEST_CASE(routes_are_tried_in_file_order_first_match_wins) {
 }
 
 BOOST_AUTO_TEST_CASE(exact_path_must_equal_and_prefix_is_a_plain_prefix) {
-  config::Config c;
+  http::ProxyConfig c;
   c.routes.push_back(route("exact", "", "/health"));
   c.routes.push_back(route("prefix", "/pay"));
   BOOST_TEST(matched(c, "h", "/health", "GET") == "exact");
@@ -60,7 +60,7 @@ BOOST_AUTO_TEST_CASE(exact_path_must_equal_and_prefix_is_a_plain_prefix) {
 }
 
 BOOST_AUTO_TEST_CASE(host_ignores_port_and_case) {
-  config::Config c;
+  http::ProxyConfig c;
   c.routes.push_back(route("api", "/", "", "api.example.com"));
   BOOST_TEST(matched(c, "API.Example.COM:8443", "/x", "GET") == "api");
   BOOST_TEST(matched(c, "api.example.com", "/x", "GET") == "api");
@@ -70,7 +70,7 @@ BOOST_AUTO_TEST_CASE(host_ignores_port_and_case) {
 }
 
 BOOST_AUTO_TEST_CASE(wildcard_host_matches_subdomains_only) {
-  config::Config c;
+  http::ProxyConfig c;
   c.routes.push_back(route("wild", "/", "", "*.example.com"));
   BOOST_TEST(matched(c, "a.example.com", "/", "GET") == "wild");
   BOOST_TEST(matched(c, "a.b.Example.com:80", "/", "GET") == "wild");
@@ -80,7 +80,7 @@ BOOST_AUTO_TEST_CASE(wildcard_host_matches_subdomains_only) {
 }
 
 BOOST_AUTO_TEST_CASE(route_without_host_matches_any_host_and_ipv6_literals_keep_brackets) {
-  config::Config c;
+  http::ProxyConfig c;
   c.routes.push_back(route("v6", "/", "", "[::1]"));
   c.routes.push_back(route("any", "/"));
   BOOST_TEST(matched(c, "[::1]:8080", "/", "GET") == "v6");
@@ -88,7 +88,7 @@ BOOST_AUTO_TEST_CASE(route_without_host_matches_any_host_and_ipv6_literals_keep_
 }
 
 BOOST_AUTO_TEST_CASE(methods_empty_means_any_and_compare_case_sensitively) {
-  config::Config c;
+  http::ProxyConfig c;
   c.routes.push_back(route("post", "/", "", "", {"POST", "PATCH"}));
   BOOST_TEST(matched(c, "h", "/", "PATCH") == "post");
   BOOST_TEST(matched(c, "h", "/", "post") == "<none>");
