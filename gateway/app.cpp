@@ -102,8 +102,8 @@ class ThreadHandler final : public http::RequestHandler {
     return handler_.holds(route, header);
   }
   http::UpstreamPool* streaming_pool() override { return &upstreams_; }
-  void strip_owned_fields(boost::beast::http::response_header<>& header) const override {
-    handler_.strip_owned_fields(header);
+  void strip_owned_fields(boost::beast::http::fields& fields) const override {
+    handler_.strip_owned_fields(fields);
   }
   void add_route_fields(const config::Route& route, std::string_view origin,
                         boost::beast::http::response_header<>& header) const override {

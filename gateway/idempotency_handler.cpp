@@ -127,9 +127,7 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::pass_through(http::Exch
   result.upstream_time = fwd.upstream_time;
   result.response = http::forward_result_response(std::move(fwd));
   // Gateway-owned fields never come from an upstream, on pass-through routes either (C16).
-  result.response.erase(kReplayedField);
-  result.response.erase(kBodyOmittedField);
-  result.response.erase(kStatusField);
+  strip_owned_fields(result.response.base());
   co_return result;
 }
 
@@ -153,18 +151,14 @@ void IdempotencyHandler::add_route_fields(const config::Route& route, std::strin
   add_cors_fields(route, origin, header);
 }
 
-void IdempotencyHandler::strip_owned_fields(bhttp::response_header<>& header) const {
-  header.erase(kReplayedField);
-  header.erase(kBodyOmittedField);
-  header.erase(kStatusField);
+void IdempotencyHandler::strip_owned_fields(bhttp::fields& fields) const {
+  fields.erase(kReplayedField);
+  fields.erase(kBodyOmittedField);
+  fields.erase(kStatusField);
 }
 
 asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange exchange) {
-  http::Request& req = exchange.request;
-  // The gateway owns these fields: a client cannot make a first response look like a replay.
-  req.erase(kReplayedField);
-  req.erase(kBodyOmittedField);
-  req.erase(kStatusField);
+  http::Request& req = exchange.request;  // without the fields the gateway owns (C16)
 
   // C57: the gateway answers for a route with cors; the upstream never sees the preflight.
   const config::RouteContract& contract = config::contract_of(*exchange.route);

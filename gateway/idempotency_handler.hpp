@@ -49,7 +49,7 @@ class IdempotencyHandler final : public http::RequestHandler {
   bool holds(const config::Route& route,
              const boost::beast::http::request_header<>& header) const override;
   /// Removes Idempotent-Replayed, Idempotent-Body-Omitted and Idempotency-Status (C16).
-  void strip_owned_fields(boost::beast::http::response_header<>& header) const override;
+  void strip_owned_fields(boost::beast::http::fields& fields) const override;
   /// The route's CORS fields (C57, gateway/cors.hpp); nothing on a route without `cors`.
   void add_route_fields(const config::Route& route, std::string_view origin,
                         boost::beast::http::response_header<>& header) const override;

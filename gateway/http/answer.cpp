@@ -27,7 +27,6 @@ double to_ms(std::chrono::microseconds us) {
 void prepare_forwarded(bhttp::fields& fields, std::string_view client_ip, std::string_view proto) {
   strip_hop_by_hop(fields);
   fields.erase(bhttp::field::expect);
-  fields.erase("Idempotent-Replayed");
   add_forwarding_fields(fields, client_ip, proto);
 }
 
@@ -73,6 +72,7 @@ boost::asio::awaitable<HandlerResult> answer_routed(RequestHandler& handler, Rou
   Request& request = in.request;
   const bool framed = request.has_content_length() || request.chunked();
   prepare_forwarded(request.base(), in.client_ip, in.proto);
+  handler.strip_owned_fields(request.base());
   if (!in.body_source && (framed || !request.body().empty())) {
     request.content_length(request.body().size());
   }

@@ -15,7 +15,7 @@
 namespace idemgate::http {
 
 /// Makes a request's fields what the upstream gets (C02): hop-by-hop fields and `Expect`
-/// removed, a client's `Idempotent-Replayed` dropped, the forwarding fields added with
+/// removed, the forwarding fields added with
 /// `client_ip` and `proto` (`http` or `https`).
 void prepare_forwarded(boost::beast::http::fields& fields, std::string_view client_ip,
                        std::string_view proto);

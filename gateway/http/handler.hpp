@@ -129,9 +129,10 @@ class RequestHandler {
   /// request goes through handle().
   virtual UpstreamPool* streaming_pool() { return nullptr; }
 
-  /// Removes from a streamed response's header the fields the handler owns (SPEC C16: they
-  /// never come from an upstream).
-  virtual void strip_owned_fields(boost::beast::http::response_header<>& /*header*/) const {}
+  /// Removes the fields the handler owns (SPEC C16: they never come from a client or an upstream)
+  /// from a header on its way through: every request before it is forwarded or handled, and every
+  /// streamed upstream response. A held response (handle()) is the handler's own to clean.
+  virtual void strip_owned_fields(boost::beast::http::fields& /*fields*/) const {}
 
   /// Adds the fields the handler puts on every response of `route` (SPEC C57: CORS), whatever
   /// produced it: handle(), a streamed or relayed upstream response, or the session's own

@@ -1,6 +1,6 @@
 #pragma once
-// The streaming relay (SPEC C38) and the upgrade tunnel (SPEC C40): a request the idempotency
-// contract does not apply to is passed to the upstream and its response back to the client as
+// The streaming relay (SPEC C38) and the upgrade tunnel (SPEC C40): a request the handler does
+// not hold (RequestHandler::holds) is passed to the upstream and its response back to the client as
 // the bytes arrive, with at most `limits.stream_buffer` bytes held per direction, and a 101 to a
 // WebSocket upgrade becomes a byte tunnel.
 

@@ -672,6 +672,7 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
     if (!co_await send_continue(limits)) co_return false;
   }
   prepare_forwarded(header, client_ip_, kTls ? "https" : "http");
+  context_->handler->strip_owned_fields(header);
 
   StreamRequestParser& streamed = streamed_parser_.emplace(std::move(parser));
   streamed.on_chunk_header(chunk_extension_check);  // RFC 9112 §7.1.1, C03

@@ -81,7 +81,8 @@ struct SessionContext {
 /// all followed by closing the connection; 404 when no route matches (C01); `100 Continue` for
 /// `Expect: 100-continue` before reading the body (C04; Expect is never forwarded).
 /// The handler gets the decoded body with Content-Length framing, hop-by-hop fields removed,
-/// X-Forwarded-For/-Proto/-Host and Via added (C02), and `Idempotent-Replayed` removed (C16).
+/// X-Forwarded-For/-Proto/-Host and Via added (C02), and the handler's owned fields removed
+/// (RequestHandler::strip_owned_fields, C16).
 /// Responses get a fresh `Date`, `Via` appended and exactly one framing: Content-Length, none for
 /// 1xx/204/304, and for HEAD the handler's Content-Length without a body (C03, C16). Requests on
 /// one connection are answered in order (C06). An exception from the handler is logged and

@@ -37,8 +37,8 @@ namespace idemgate::http {
 ///   is retried once on a fresh connection to the same server (C08). Any other failure after
 ///   writing → unknown_outcome (or timed_out).
 /// - Responses: 1xx interim responses are skipped; chunked bodies are decoded and trailers
-///   dropped; hop-by-hop fields and `Idempotent-Replayed` (owned by the gateway, C16) are
-///   removed; `Content-Length` is the decoded body size (for HEAD: the upstream's value). A body
+///   dropped; hop-by-hop fields are removed (the fields a handler owns are its own to remove,
+///   C16); `Content-Length` is the decoded body size (for HEAD: the upstream's value). A body
 ///   longer than forward()'s `hold_limit` (its Content-Length, or the part of a chunked body
 ///   read so far) is left on the connection as a ResponseTail (C39); a held body over
 ///   `max_response_body` → unknown_outcome.

@@ -51,7 +51,6 @@ UpstreamResponse finish(bool keep_alive, bool need_eof, bhttp::response_header<>
   res.body() = std::move(body);
   res.version(11);
   strip_hop_by_hop(res.base());
-  res.erase("Idempotent-Replayed");
   if (!head) {
     if (status_has_body(res.result_int())) {
       res.content_length(res.body().size());

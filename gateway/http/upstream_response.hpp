@@ -63,7 +63,7 @@ struct UpstreamResponse {
 /// Builds the forwarded response once `parser` is done. `header` is the final response's header
 /// as it was when the header was read (trailer fields, which the parser merges into its fields,
 /// are dropped that way); `buffered` is how many bytes past the response were already read.
-/// Hop-by-hop fields and `Idempotent-Replayed` are removed; unless `head`, Content-Length is the
+/// Hop-by-hop fields are removed; unless `head`, Content-Length is the
 /// decoded body size, or absent for statuses without a body. Moves the body out of `parser`.
 UpstreamResponse finish_upstream_response(ResponseParser& parser,
                                           boost::beast::http::response_header<> header, bool head,

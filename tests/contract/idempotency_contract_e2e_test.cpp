@@ -207,9 +207,13 @@ BOOST_AUTO_TEST_CASE(spec_C16_the_gateway_owns_idempotent_replayed_in_both_direc
                             {"Idempotent-Replayed", "true"},
                             {"Idempotent-Body-Omitted", "true"}},
                            R"({"ok":true})"}});
+  upstream.on(
+      "/pass",
+      {{200, {{"Idempotent-Replayed", "true"}, {"Idempotency-Status", "done"}}, "streamed"}});
   GatewayConfig config;
   config.upstreams = {{"up", {upstream.address()}}};
-  config.routes = {route("plain", "/plain", "up"), route("forged", "/forged", "up")};
+  config.routes = {route("plain", "/plain", "up"), route("forged", "/forged", "up"),
+                   route("pass", "/pass", "up", "off")};
   Gateway gateway(config);
 
   const std::string key = unique_name("c16-client");
@@ -231,6 +235,16 @@ BOOST_AUTO_TEST_CASE(spec_C16_the_gateway_owns_idempotent_replayed_in_both_direc
   BOOST_TEST(!replay.header("Idempotent-Body-Omitted").has_value(), describe(replay));
   BOOST_TEST(replay.body == R"({"ok":true})");
   BOOST_TEST(upstream.count("/forged") == 1u);
+
+  // A pass-through route streams both ways (C38): the owned fields are removed there as well.
+  const HttpResponse passed =
+      gateway.send(keyed_post("/pass", std::nullopt, "{}", {{"Idempotent-Replayed", "true"}}));
+  BOOST_TEST_REQUIRE(passed.status == 200u, gateway.explain(passed));
+  BOOST_TEST(passed.body == "streamed");
+  BOOST_TEST(!passed.header("Idempotent-Replayed").has_value(), describe(passed));
+  BOOST_TEST(!passed.header("Idempotency-Status").has_value(), describe(passed));
+  BOOST_TEST_REQUIRE(upstream.count("/pass") == 1u);
+  BOOST_TEST(!upstream.received("/pass").front().value("Idempotent-Replayed").has_value());
 }
 
 BOOST_AUTO_TEST_CASE(spec_C16_a_replay_is_dated_when_it_is_sent_not_when_it_was_stored) {

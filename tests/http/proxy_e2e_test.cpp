@@ -157,7 +157,7 @@ class TestUpstream {
     if (name == "hop") {
       return "HTTP/1.1 200 OK\r\nConnection: X-Up-Hop\r\nX-Up-Hop: 1\r\nKeep-Alive: timeout=30\r\n"
              "Proxy-Authenticate: Basic\r\nUpgrade: h2c\r\nSet-Cookie: a=1\r\nX-End: 1\r\n"
-             "Set-Cookie: b=2\r\nIdempotent-Replayed: true\r\nProxy-Connection: keep-alive\r\n"
+             "Set-Cookie: b=2\r\nProxy-Connection: keep-alive\r\n"
              "Content-Length: 2\r\n\r\nok";
     }
     if (name == "error500") {
@@ -497,7 +497,6 @@ BOOST_FIXTURE_TEST_CASE(spec_C02_hop_by_hop_request_fields_are_removed_and_forwa
       "X-Rep: one\r\n"
       "X-Mid: m\r\n"
       "X-Rep: two\r\n"
-      "Idempotent-Replayed: true\r\n"
       "Content-Length: 5\r\n"
       "\r\n"
       "hello";
@@ -506,9 +505,8 @@ BOOST_FIXTURE_TEST_CASE(spec_C02_hop_by_hop_request_fields_are_removed_and_forwa
   BOOST_TEST(res.body() == "hello");
   BOOST_REQUIRE(a.requests().size() == 1u);
   const auto got = a.requests().front();
-  for (const auto* name :
-       {"Connection", "X-Conn-Named", "Keep-Alive", "Proxy-Connection", "TE", "Trailer", "Upgrade",
-        "Proxy-Authorization", "Transfer-Encoding", "Idempotent-Replayed"}) {
+  for (const auto* name : {"Connection", "X-Conn-Named", "Keep-Alive", "Proxy-Connection", "TE",
+                           "Trailer", "Upgrade", "Proxy-Authorization", "Transfer-Encoding"}) {
     BOOST_TEST(got.count(name) == 0u, name << " was forwarded");
   }
   BOOST_TEST(got.value("Host") == "shop.example.test:8080");
@@ -536,7 +534,7 @@ BOOST_FIXTURE_TEST_CASE(spec_C02_hop_by_hop_response_fields_are_removed_and_repe
   BOOST_TEST(res.result_int() == 200u);
   BOOST_TEST(res.body() == "ok");
   for (const auto* name : {"Connection", "X-Up-Hop", "Keep-Alive", "Proxy-Authenticate", "Upgrade",
-                           "Proxy-Connection", "Idempotent-Replayed", "Transfer-Encoding"}) {
+                           "Proxy-Connection", "Transfer-Encoding"}) {
     BOOST_TEST(res.count(name) == 0u, name << " reached the client");
   }
   std::vector<std::string> cookies;
@@ -1033,6 +1031,37 @@ class ThrowingHandler final : public idemgate::http::RequestHandler {
   }
 };
 }  // namespace
+
+namespace {
+/// The plain proxy with a field of its own, as the idempotency handler owns Idempotent-Replayed.
+class OwningHandler final : public idemgate::http::RequestHandler {
+ public:
+  explicit OwningHandler(asio::io_context& io)
+      : proxy_(std::make_shared<idemgate::http::UpstreamPool>(io.get_executor())) {}
+  asio::awaitable<idemgate::http::HandlerResult> handle(
+      idemgate::http::Exchange exchange) override {
+    BOOST_TEST(exchange.request.count("X-Owned") == 0u);  // stripped before handle()
+    return proxy_.handle(std::move(exchange));
+  }
+  void strip_owned_fields(bhttp::fields& fields) const override { fields.erase("X-Owned"); }
+
+ private:
+  idemgate::http::ProxyHandler proxy_;
+};
+}  // namespace
+
+BOOST_FIXTURE_TEST_CASE(spec_C16_a_field_the_handler_owns_never_comes_from_the_client, Env) {
+  Client client(start([](asio::io_context& io, unsigned) {
+    return std::unique_ptr<idemgate::http::RequestHandler>(std::make_unique<OwningHandler>(io));
+  }));
+  const auto res = client.roundtrip(
+      "POST /u/echo HTTP/1.1\r\nHost: a\r\nX-Owned: forged\r\nX-Other: kept\r\n"
+      "Content-Length: 1\r\n\r\nx");
+  BOOST_TEST(res.result_int() == 200u);
+  BOOST_REQUIRE(a.requests().size() == 1u);
+  BOOST_TEST(a.requests().front().count("X-Owned") == 0u);
+  BOOST_TEST(a.requests().front().value("X-Other") == "kept");
+}
 
 BOOST_FIXTURE_TEST_CASE(handler_exception_is_answered_with_500_and_closes_the_connection, Env) {
   Client client(start([](asio::io_context&, unsigned) {
