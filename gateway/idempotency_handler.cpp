@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gateway/contract_problem.hpp"
 #include "gateway/core/fingerprint.hpp"
 #include "gateway/core/idempotency_key.hpp"
 #include "gateway/cors.hpp"
@@ -178,7 +179,7 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
   const core::KeyParse key = request_key(idem, req.base(), req.body());
   if (key.status == core::KeyParse::Status::invalid) {
     co_return http::HandlerResult{
-        problem(http::Problem::invalid_key, key.detail), "invalid_key", {}, {}};
+        make_problem(ContractProblem::invalid_key, key.detail), "invalid_key", {}, {}};
   }
   if (key.status == core::KeyParse::Status::absent) {
     if (idem.mode == config::IdempotencyMode::optional) {
@@ -205,7 +206,7 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
         break;
     }
     co_return http::HandlerResult{
-        problem(http::Problem::missing_key, std::move(detail)), "missing_key", {}, {}};
+        make_problem(ContractProblem::missing_key, std::move(detail)), "missing_key", {}, {}};
   }
 
   const core::Sha256 scope = request_scope(*exchange.route, req);
@@ -274,17 +275,18 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
       break;
     }
     case core::Outcome::mismatch: {
-      result.response = http::make_problem_with_status(http::Problem::key_mismatch,
-                                                       static_cast<unsigned>(idem.on_mismatch),
-                                                       std::move(decision.detail), kHttp11, true);
+      result.response = make_problem(ContractProblem::key_mismatch, std::move(decision.detail),
+                                     static_cast<unsigned>(idem.on_mismatch));
       break;
     }
     case core::Outcome::in_flight:
-      result.response = problem(http::Problem::request_in_flight, std::move(decision.detail));
+      result.response =
+          make_problem(ContractProblem::request_in_flight, std::move(decision.detail));
       result.response.set(bhttp::field::retry_after, "1");
       break;
     case core::Outcome::store_unavailable:
-      result.response = problem(http::Problem::store_unavailable, std::move(decision.detail));
+      result.response =
+          make_problem(ContractProblem::store_unavailable, std::move(decision.detail));
       result.response.set(bhttp::field::retry_after, "1");
       break;
     case core::Outcome::upstream_error:

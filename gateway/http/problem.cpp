@@ -27,19 +27,6 @@ ProblemInfo describe(Problem problem) {
               "Upstream failed without a complete response", 502};
     case Problem::upstream_timeout:
       return {"https://idemgate.dev/problems/upstream-timeout", "Upstream timed out", 504};
-    case Problem::missing_key:
-      return {"https://idemgate.dev/problems/missing-key", "Idempotency key required", 400};
-    case Problem::invalid_key:
-      return {"https://idemgate.dev/problems/invalid-key", "Invalid idempotency key", 400};
-    case Problem::key_mismatch:
-      return {"https://idemgate.dev/problems/key-mismatch",
-              "Idempotency key reused with a different request", 422};
-    case Problem::request_in_flight:
-      return {"https://idemgate.dev/problems/request-in-flight",
-              "A request with this idempotency key is in progress", 409};
-    case Problem::store_unavailable:
-      return {"https://idemgate.dev/problems/store-unavailable", "Idempotency store unavailable",
-              503};
     case Problem::overloaded:
       return {"https://idemgate.dev/problems/overloaded", "The gateway is shedding load", 503};
   }
@@ -47,13 +34,12 @@ ProblemInfo describe(Problem problem) {
 }
 
 Response make_problem(Problem problem, std::string detail, unsigned version, bool keep_alive) {
-  return make_problem_with_status(problem, describe(problem).status, std::move(detail), version,
-                                  keep_alive);
+  const ProblemInfo info = describe(problem);
+  return make_problem(info, info.status, std::move(detail), version, keep_alive);
 }
 
-Response make_problem_with_status(Problem problem, unsigned status, std::string detail,
-                                  unsigned version, bool keep_alive) {
-  const auto info = describe(problem);
+Response make_problem(const ProblemInfo& info, unsigned status, std::string detail,
+                      unsigned version, bool keep_alive) {
   Response res{static_cast<boost::beast::http::status>(status), version};
   res.set(boost::beast::http::field::content_type, "application/problem+json");
   res.set(boost::beast::http::field::cache_control, "no-store");

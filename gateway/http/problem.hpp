@@ -10,7 +10,8 @@
 
 namespace idemgate::http {
 
-/// The conditions the gateway answers itself.
+/// The conditions the proxy answers itself. The idempotency contract's own problems are the
+/// handler's (gateway/contract_problem.hpp).
 enum class Problem {
   bad_request,  ///< 400 `bad-request`: unparseable request line or header section
   bad_framing,  ///< 400 `bad-framing`: CL with TE, conflicting CLs, TE without final chunked (C03)
@@ -19,15 +20,10 @@ enum class Problem {
   headers_too_large,     ///< 431 `headers-too-large`: header section over max_header_bytes (C04)
   internal_error,        ///< 500 `internal-error`: a bug; the connection closes
   upstream_unreachable,  ///< 502 `upstream-unreachable`: no upstream server accepted (C05, C21)
-  upstream_failed,    ///< 502 `upstream-failed`: sent, then reset/EOF/malformed answer (C05, C22)
-  upstream_timeout,   ///< 504 `upstream-timeout`: no response within request_timeout (C05)
-  missing_key,        ///< 400 `missing-key`: required key absent (C10)
-  invalid_key,        ///< 400 `invalid-key`: key syntax (C13, C37)
-  key_mismatch,       ///< 422 `key-mismatch` by default; status per on_mismatch (C17)
-  request_in_flight,  ///< 409 `request-in-flight`: same key still executing (C18)
-  store_unavailable,  ///< 503 `store-unavailable`: fail_closed store error (C25)
+  upstream_failed,   ///< 502 `upstream-failed`: sent, then reset/EOF/malformed answer (C05, C22)
+  upstream_timeout,  ///< 504 `upstream-timeout`: no response within request_timeout (C05)
   /// 503 `overloaded`: a limit of SPEC §7 was reached (the route's max_in_flight, max_tunnels,
-  /// the Postgres commit queue); nothing was forwarded, no lock or record taken (C52–C54)
+  /// the Postgres commit queue); nothing was forwarded (C52–C54)
   overloaded,
 };
 
@@ -46,8 +42,9 @@ ProblemInfo describe(Problem problem);
 /// Content-Length set, keep-alive per `keep_alive`. Callers may add fields (e.g. `Retry-After`).
 Response make_problem(Problem problem, std::string detail, unsigned version, bool keep_alive);
 
-/// As above with an explicit status (e.g. key_mismatch answered with 409 or 400 per on_mismatch).
-Response make_problem_with_status(Problem problem, unsigned status, std::string detail,
-                                  unsigned version, bool keep_alive);
+/// As above for any problem `info` describes, answered with `status` (e.g. a problem whose
+/// status is configured).
+Response make_problem(const ProblemInfo& info, unsigned status, std::string detail,
+                      unsigned version, bool keep_alive);
 
 }  // namespace idemgate::http
