@@ -59,7 +59,8 @@ class RequestBodySource {
 
 /// The request as the handler sees it, with the route already chosen.
 struct Exchange {
-  Request request;  ///< hop-by-hop fields removed, X-Forwarded-*/Via added, body decoded
+  /// Hop-by-hop and the handler's owned fields removed, X-Forwarded-*/Via added, body decoded.
+  Request request;
   std::shared_ptr<const ProxyConfig> config;  ///< the snapshot this request runs on
   const Route* route = nullptr;               ///< points into *config
   const Upstream* upstream = nullptr;         ///< points into *config
