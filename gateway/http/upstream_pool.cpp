@@ -5,12 +5,14 @@
 #include <algorithm>
 #include <cerrno>
 
+#include <array>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ssl/context.hpp>
 #include <boost/asio/ssl/host_name_verification.hpp>
 #include <boost/asio/ssl/stream_base.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/beast/core/buffers_suffix.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/read_size.hpp>
@@ -23,6 +25,7 @@
 #include <boost/beast/ssl/ssl_stream.hpp>
 #include <deque>
 #include <optional>
+#include <tuple>
 
 #include "gateway/common/deadline_list.hpp"
 #include "gateway/common/host_port.hpp"
@@ -30,6 +33,7 @@
 #include "gateway/common/log_on_exception.hpp"
 #include "gateway/common/use_nothrow.hpp"
 #include "gateway/http/body_reader.hpp"
+#include "gateway/http/headers.hpp"
 #include "gateway/http/problem.hpp"
 #include "gateway/http/upstream_response.hpp"
 
@@ -193,14 +197,49 @@ asio::awaitable<boost::system::error_code> handshake(TlsStream* stream, std::str
   co_return hec;
 }
 
+constexpr std::size_t kRenderedHeadBytes = UpstreamPool::kRenderedHeadBytes;
+
 // The request on `wire`'s connection; runs beside the response's read (C47) and may outlive it
-// (a tail), so it shares the wire and the request. Closing the connection ends it.
+// (a tail), so it shares the wire and the request. Closing the connection ends it. `sent` bytes
+// of it went already (write_at_once): its head then is what render_head renders.
 asio::awaitable<void> write_request(std::shared_ptr<UpstreamPool::Wire> wire,
-                                    std::shared_ptr<const Request> request) {
+                                    std::shared_ptr<const Request> request, std::size_t sent) {
   ByteStream stream = UpstreamPool::stream_of(*wire->lease.connection);
-  auto [ec, n] = co_await bhttp::async_write(stream, *request, use_nothrow);
+  boost::system::error_code ec;
+  if (sent == 0) {
+    std::tie(ec, std::ignore) = co_await bhttp::async_write(stream, *request, use_nothrow);
+  } else {
+    std::string head(kRenderedHeadBytes, '\0');
+    head.resize(render_head(request->base(), head.data(), head.size()));
+    const std::array<asio::const_buffer, 2> message{asio::buffer(head),
+                                                    asio::buffer(request->body())};
+    beast::buffers_suffix<std::array<asio::const_buffer, 2>> rest(message);
+    rest.consume(sent);
+    std::tie(ec, std::ignore) = co_await asio::async_write(stream, rest, use_nothrow);
+  }
   wire->write_error = ec;
   wire->writing = false;
+}
+
+// Writes `request` in one sendmsg when the connection takes it at once (ByteStream::write_now),
+// its head rendered into `scratch`: no coroutine, serializer or asynchronous operation, as relay()
+// writes a held request. Returns the bytes written (0 when not tried: TLS, a chunked body, a head
+// past `scratch`); the whole request was written, or failed, when `wire->writing` is false.
+std::size_t write_at_once(UpstreamPool::Wire& wire, const Request& request,
+                          std::array<char, kRenderedHeadBytes>& scratch) {
+  ByteStream stream = UpstreamPool::stream_of(*wire.lease.connection);
+  if (stream.is_tls() || request.chunked()) return 0;
+  const std::size_t head_size = render_head(request.base(), scratch.data(), scratch.size());
+  if (head_size == 0) return 0;
+  const std::array<asio::const_buffer, 2> message{asio::buffer(scratch.data(), head_size),
+                                                  asio::buffer(request.body())};
+  boost::system::error_code ec;
+  const std::size_t sent = stream.write_now(message, ec);
+  if (ec || sent == head_size + request.body().size()) {
+    wire.write_error = ec;
+    wire.writing = false;
+  }
+  return sent;
 }
 
 // A request whose body comes from `source` as it arrives (SPEC C50), each write within the
@@ -262,7 +301,9 @@ asio::awaitable<boost::system::error_code> open(UpstreamPool::Connection* connec
 }  // namespace
 
 UpstreamPool::UpstreamPool(asio::any_io_executor executor)
-    : executor_(std::move(executor)), idle_watches_(executor_) {}
+    : executor_(std::move(executor)),
+      idle_watches_(executor_),
+      head_scratch_(std::make_unique<std::array<char, kRenderedHeadBytes>>()) {}
 
 UpstreamPool::~UpstreamPool() = default;
 
@@ -557,8 +598,11 @@ asio::awaitable<UpstreamPool::Attempt> UpstreamPool::exchange(
     // One deadline for writing the request and reading the held response, set before either
     // starts (it is per direction once they run).
     connection.tcp().expires_after(upstream.request_timeout);
-    asio::co_spawn(executor_, write_request(wire, request),
-                   common::log_on_exception("upstream request write failed"));
+    const std::size_t sent = write_at_once(*wire, *request, *head_scratch_);
+    if (wire->writing) {
+      asio::co_spawn(executor_, write_request(wire, request, sent),
+                     common::log_on_exception("upstream request write failed"));
+    }
   }
 
   // Bounded: a chunk-size line or trailer section from the upstream must fit in it along with

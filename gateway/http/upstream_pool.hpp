@@ -2,6 +2,7 @@
 // Forwarding to upstream servers over pooled keep-alive connections (SPEC C03, C05, C06, C08,
 // C09), and the plain forwarding RequestHandler.
 
+#include <array>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <chrono>
@@ -98,6 +99,10 @@ class UpstreamPool final : public Forwarder {
   /// The byte stream of a leased connection.
   static ByteStream stream_of(Connection& connection);
 
+  /// The most bytes of a request head forward() renders itself (render_head) to write the
+  /// request at once; a longer head goes through Beast's serializer.
+  static constexpr std::size_t kRenderedHeadBytes = 16 * 1024;
+
  private:
   struct UpstreamState;
   /// The pool state of `upstream`, with its TLS context (re)built when needed; null with
@@ -124,6 +129,9 @@ class UpstreamPool final : public Forwarder {
   /// Pooled connections not yet watched; destroyed after the connections in upstreams_.
   common::DeadlineList idle_watches_;
   std::map<std::string, std::unique_ptr<UpstreamState>, std::less<>> upstreams_;
+  /// Where forward() renders a request head to write it at once (one request at a time: the
+  /// bytes are written or copied before the next).
+  std::unique_ptr<std::array<char, kRenderedHeadBytes>> head_scratch_;
 };
 
 /// The body of an upstream response that forward() did not hold (SPEC C39): the header is read,
