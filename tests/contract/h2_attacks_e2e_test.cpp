@@ -22,8 +22,9 @@ using namespace idemgate::test::contract;
 using namespace std::chrono_literals;
 namespace h2 = idemgate::test::h2;
 
-constexpr std::uint64_t kRssAllowance = 64ull * 1024 * 1024;  // SPEC C51
-constexpr auto kAttackTime = 10s;                             // the "for 10 s"
+// SPEC C51: within 64 MiB of idle (what that is in RSS depends on the build: rss_allowance).
+constexpr std::uint64_t kRssAllowance = idemgate::test::rss_allowance(64ull * 1024 * 1024);
+constexpr auto kAttackTime = 10s;  // the "for 10 s"
 
 struct AttackFixture {
   const SmallAsanQuarantine quarantine;  // RSS measures what the gateway holds (see its doc)

@@ -36,6 +36,18 @@ class RssSampler {
   std::thread thread_;
 };
 
+/// How far a gateway's RSS may grow when it takes on `bytes` of memory of its own, in this build:
+/// `bytes` in plain and ASan builds (ASan's shadow is an eighth, and SmallAsanQuarantine bounds
+/// its quarantine), twice that under TSan, whose shadow and metadata pages grow with every
+/// application page the gateway touches (the TSan documentation gives 5–10× memory overall).
+constexpr std::uint64_t rss_allowance(std::uint64_t bytes) {
+#if defined(__SANITIZE_THREAD__)
+  return 2 * bytes;
+#else
+  return bytes;
+#endif
+}
+
 /// ASan holds freed memory in a quarantine (256 MiB by default) before reusing it, so under
 /// the sanitizer a gateway that frees every piece it allocates still grows its RSS by that much.
 /// While this object lives, children started get a small quarantine (ASAN_OPTIONS in this
