@@ -7,6 +7,9 @@
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/async_result.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/buffers_suffix.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
 #include <boost/system/error_code.hpp>
@@ -17,6 +20,8 @@
 
 #include <sys/socket.h>
 #include <sys/uio.h>
+
+#include "gateway/common/use_nothrow.hpp"
 
 namespace idemgate::http {
 
@@ -102,5 +107,17 @@ class ByteStream {
   boost::beast::tcp_stream* tcp_;
   TlsStream* tls_ = nullptr;
 };
+
+/// Writes what ByteStream::write_now() left of `buffers` (its first `sent` bytes went), within
+/// the stream's expiry. The buffers must stay valid until the awaitable completes.
+template <class ConstBufferSequence>
+boost::asio::awaitable<boost::system::error_code> write_rest(ByteStream stream,
+                                                             const ConstBufferSequence& buffers,
+                                                             std::size_t sent) {
+  boost::beast::buffers_suffix<ConstBufferSequence> rest(buffers);
+  rest.consume(sent);
+  auto [ec, n] = co_await boost::asio::async_write(stream, rest, common::use_nothrow);
+  co_return ec;
+}
 
 }  // namespace idemgate::http

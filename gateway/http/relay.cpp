@@ -223,17 +223,6 @@ std::optional<std::size_t> whole_body_read(const StreamResponseParser& parser,
   return static_cast<std::size_t>(*length);
 }
 
-/// Writes what ByteStream::write_now() left of `buffers` (the first `sent` bytes went), within
-/// the stream's expiry.
-template <class Buffers>
-asio::awaitable<error_code> write_rest(ByteStream stream, const Buffers& buffers,
-                                       std::size_t sent) {
-  beast::buffers_suffix<Buffers> rest(buffers);
-  rest.consume(sent);
-  auto [ec, n] = co_await asio::async_write(stream, rest, use_nothrow);
-  co_return ec;
-}
-
 /// Writes `header` and the first `length` bytes of `buffer` (the whole body) in one write within
 /// `timeout`, the head rendered into `scratch`; consumes those bytes. The serializer writes a
 /// head that does not fit `scratch`.

@@ -12,7 +12,6 @@
 #include <boost/asio/ssl/host_name_verification.hpp>
 #include <boost/asio/ssl/stream_base.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/beast/core/buffers_suffix.hpp>
 #include <boost/beast/core/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/read_size.hpp>
@@ -213,9 +212,7 @@ asio::awaitable<void> write_request(std::shared_ptr<UpstreamPool::Wire> wire,
     head.resize(render_head(request->base(), head.data(), head.size()));
     const std::array<asio::const_buffer, 2> message{asio::buffer(head),
                                                     asio::buffer(request->body())};
-    beast::buffers_suffix<std::array<asio::const_buffer, 2>> rest(message);
-    rest.consume(sent);
-    std::tie(ec, std::ignore) = co_await asio::async_write(stream, rest, use_nothrow);
+    ec = co_await write_rest(stream, message, sent);
   }
   wire->write_error = ec;
   wire->writing = false;
