@@ -39,6 +39,10 @@ HostPortParse parse_host_port(std::string_view text);
 /// `host:port`, with brackets around `host` when it is an IPv6 address (contains ':'), e.g. for
 /// the `Host` field of a request to `::1` port 9001: `[::1]:9001`.
 std::string format_host_port(std::string_view host, std::uint16_t port);
+/// format_host_port of `server`'s host and port.
+inline std::string format_host_port(const HostPort& server) {
+  return format_host_port(server.host, server.port);
+}
 
 /// The host part of an authority such as a `Host` field value (`Example.com:8080` →
 /// `Example.com`, `[::1]:80` → `[::1]`): brackets are kept, case is kept. A value that is not

@@ -39,10 +39,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::string server_text(const common::HostPort& server) {
-  return common::format_host_port(server.host, server.port);
-}
-
 /// One piece of a body into [`data`, `data + size`) (async_read_body with a buffer_body parser):
 /// on return body().size is what is left of `size`. `timeout` bounds each read (progress).
 template <bool isRequest>
@@ -509,21 +505,12 @@ asio::awaitable<void> download(RelayState& x, Duplex& d) {
   if (d.watching && d.deadline) d.deadline->cancel();
   // Named only when there is a failure to describe.
   const auto where = [&x] {
-    return "upstream " + x.upstream.name + " (" + server_text(x.server) + ")";
+    return "upstream " + x.upstream.name + " (" + common::format_host_port(x.server) + ")";
   };
-  if (got.error) {
-    x.timed_out =
-        d.timed_out || got.error == beast::error::timeout || d.write_error == beast::error::timeout;
-    x.stale = !got.got_bytes && !x.timed_out && closed_before_answer(got.error);
-    if (x.timed_out) {
-      x.failure = where() + " gave no response header within request_timeout";
-    } else if (d.write_error && !got.got_bytes) {
-      x.failure = where() + ": writing the request failed: " + d.write_error.message();
-    } else {
-      x.failure = where() + ": reading the response header failed: " + got.error.message();
-    }
-  } else if (!got.refused.empty()) {
-    x.failure = where() + ": " + got.refused;
+  if (NoResponse failure = no_response(got, d.write_error, d.timed_out); !failure.detail.empty()) {
+    x.timed_out = failure.timed_out;
+    x.stale = failure.stale;
+    x.failure = where() + ": " + failure.detail;
   } else if (d.rparser->get().result_int() == 101 &&
              !upgrade_names(d.rparser->get().base(), "websocket")) {
     // RFC 9110 §7.8: the server switches to a protocol the client listed, and says which.
@@ -585,8 +572,9 @@ struct HeldClock : common::DeadlineList::Entry {
 /// A request whose body is held whole (C08): one write, then the download, with a deadline
 /// entry instead of a task beside them (the parallel upload and download cost a quick exchange
 /// two coroutines and their group). The write and the response header each have
-/// request_timeout.
-asio::awaitable<void> held_exchange(RelayState& x, Duplex& d, common::DeadlineList& deadlines) {
+/// request_timeout. True when the upstream closed the connection before answering and the
+/// client is still there: the request may go again (C08, UpstreamPool::attempts).
+asio::awaitable<bool> held_exchange(RelayState& x, Duplex& d, common::DeadlineList& deadlines) {
   const auto request_timeout =
       std::chrono::duration_cast<Clock::duration>(x.upstream.request_timeout);
   HeldClock clock(x, d, deadlines);
@@ -620,6 +608,7 @@ asio::awaitable<void> held_exchange(RelayState& x, Duplex& d, common::DeadlineLi
         std::make_unique<asio::steady_timer>(x.in.client.get_executor(), Clock::time_point::max());
     while (!clock.watch_done) co_await d.deadline->async_wait(use_nothrow);
   }
+  co_return x.stale && !x.out.client_closed;
 }
 
 /// C40: the upgrade is confirmed; relays the 101 with its Upgrade, then bytes both ways until a
@@ -686,10 +675,12 @@ asio::awaitable<void> tunnel(RelayState& x, Duplex& d) {
 }
 
 /// Both directions at once from the first byte (C47), the client watched (C48): a request
-/// whose body is streamed. A frame of its own, so that relay()'s stays small.
-asio::awaitable<void> duplex_exchange(RelayState& x, Duplex& d) {
+/// whose body is streamed. A frame of its own, so that relay()'s stays small. Never retried
+/// (false): the body went out as it arrived.
+asio::awaitable<bool> duplex_exchange(RelayState& x, Duplex& d) {
   using namespace asio::experimental::awaitable_operators;
   co_await (upload(x, d) && download(x, d));
+  co_return false;
 }
 
 // The rare paths of relay() as plain functions: their temporaries stay on the stack instead of
@@ -705,7 +696,7 @@ void body_failed(RelayOutcome& out, const error_code& ec) {
 
 /// A request without Host (HTTP/1.0) gets the upstream server's `host:port`.
 void set_host(bhttp::request<bhttp::buffer_body>& req, const common::HostPort& server) {
-  req.set(bhttp::field::host, server_text(server));
+  req.set(bhttp::field::host, common::format_host_port(server));
 }
 
 /// No response from the upstream: the problem answer the session writes (C05).
@@ -816,39 +807,17 @@ asio::awaitable<void> relay(RelayRequest& in, RelayOutcome& out) {
     x.retryable = false;
   }
 
-  std::optional<UpstreamPool::Lease> lease;
   std::optional<Duplex> d;
-  bool reached = false;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    if (attempt == 0) {
-      if (x.retryable) lease.emplace(in.pool->take_pooled(upstream));  // the usual case: no task
-      if (!lease || !lease->connection) {
-        lease.emplace(co_await in.pool->lease(upstream, x.retryable));
-      }
-    } else {
-      lease.emplace(co_await in.pool->reconnect(upstream, lease->server));
-    }
-    if (!lease->connection) {
-      x.failure = lease->detail;
-      reached = attempt > 0;
-      break;
-    }
-    reached = true;
-    x.server = lease->server;
+  const auto exchange_on = [&](UpstreamPool::Lease& lease) {
+    x.server = lease.server;
     if (req.count(bhttp::field::host) == 0) set_host(req, x.server);
-    d.emplace(UpstreamPool::stream_of(*lease->connection));
+    d.emplace(UpstreamPool::stream_of(*lease.connection));
     x.failure.clear();
     x.stale = x.timed_out = false;
-    if (x.retryable) {
-      co_await held_exchange(x, *d, *in.deadlines);
-    } else {
-      co_await duplex_exchange(x, *d);
-    }
-    if (x.stale && attempt == 0 && lease->pooled && x.retryable && !out.client_closed) {
-      continue;  // C08: the pooled connection was closed as the request went out
-    }
-    break;
-  }
+    return x.retryable ? held_exchange(x, *d, *in.deadlines) : duplex_exchange(x, *d);
+  };
+  UpstreamPool::Attempts ran = co_await in.pool->attempts(upstream, x.retryable, exchange_on);
+  if (!ran.exchanged) x.failure = std::move(ran.lease.detail);
   out.upstream_time = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
 
   if (out.client_closed || (out.request_error && out.status == 0)) {
@@ -859,11 +828,11 @@ asio::awaitable<void> relay(RelayRequest& in, RelayOutcome& out) {
     co_return;
   }
   if (!x.failure.empty()) {
-    upstream_failed(x, reached);
+    upstream_failed(x, ran.reached);
     co_return;
   }
   if (!x.tunnel) {
-    if (x.reusable) in.pool->give_back(upstream, std::move(*lease), x.upstream_keep_alive);
+    if (x.reusable) in.pool->give_back(upstream, std::move(ran.lease), x.upstream_keep_alive);
     co_return;
   }
   co_await tunnel(x, *d);

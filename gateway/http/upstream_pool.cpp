@@ -122,10 +122,6 @@ namespace {
 /// How long before the upstream's announced keep-alive end a pooled connection is retired (C08).
 constexpr auto kKeepAliveMargin = std::chrono::seconds(1);
 
-std::string server_key(const common::HostPort& server) {
-  return common::format_host_port(server.host, server.port);
-}
-
 // A non-blocking peek: EOF, an error or unsolicited bytes all mean the connection is unusable.
 // One recv with MSG_DONTWAIT: toggling the socket's non-blocking mode through asio would cost
 // two ioctls here and a third at the next asynchronous operation, on every pooled request.
@@ -427,7 +423,7 @@ asio::awaitable<UpstreamPool::Lease> UpstreamPool::lease(const Upstream& upstrea
     const auto ec = co_await open(connection.get(), server, upstream);
     if (ec) {
       // Nothing was written: the next server may take it (C08).
-      last_error = server_key(server) + ": " + ec.message();
+      last_error = common::format_host_port(server) + ": " + ec.message();
       continue;
     }
     out.connection.reset(connection.release());
@@ -465,7 +461,7 @@ asio::awaitable<UpstreamPool::Lease> UpstreamPool::reconnect(const Upstream& ups
   auto connection = std::make_unique<Connection>(executor_, server, state->tls);
   const auto ec = co_await open(connection.get(), server, upstream);
   if (ec) {
-    out.detail = "upstream " + upstream.name + " (" + server_key(server) +
+    out.detail = "upstream " + upstream.name + " (" + common::format_host_port(server) +
                  "): reconnecting failed: " + ec.message();
     co_return out;
   }
@@ -486,6 +482,26 @@ void UpstreamPool::give_back(const Upstream& upstream, Lease lease,
   connection->tcp().expires_never();
   connection->idle_deadline = Clock::now() + keep;
   put_idle(*state, upstream, std::move(connection));
+}
+
+NoResponse no_response(const ResponseHead& got, const boost::system::error_code& write_error,
+                       bool timed_out) {
+  NoResponse out;
+  if (!got.error) {
+    out.detail = got.refused;
+    return out;
+  }
+  out.timed_out =
+      timed_out || got.error == beast::error::timeout || write_error == beast::error::timeout;
+  out.stale = !got.got_bytes && !out.timed_out && closed_before_answer(got.error);
+  if (out.timed_out) {
+    out.detail = "gave no response header within request_timeout";
+  } else if (write_error && !got.got_bytes) {
+    out.detail = "writing the request failed: " + write_error.message();
+  } else {
+    out.detail = "reading the response header failed: " + got.error.message();
+  }
+  return out;
 }
 
 /// The most a read of a response header asks for (Beast's own read size).
@@ -576,10 +592,12 @@ void ResponseTail::finish() {
   pool_->give_back(upstream_, std::move(wire_->lease), keep_alive_timeout(parser->get().base()));
 }
 
-asio::awaitable<UpstreamPool::Attempt> UpstreamPool::exchange(
-    std::shared_ptr<Wire> wire, std::shared_ptr<const Request> request, const Upstream& upstream,
-    bool head, std::size_t hold_limit, std::shared_ptr<RequestBodySource> request_body) {
-  Attempt attempt;
+asio::awaitable<bool> UpstreamPool::exchange(std::shared_ptr<Wire> wire,
+                                             std::shared_ptr<const Request> request,
+                                             const Upstream& upstream, bool head,
+                                             std::size_t hold_limit,
+                                             std::shared_ptr<RequestBodySource> request_body,
+                                             Attempt& attempt) {
   Connection& connection = *wire->lease.connection;
   ByteStream stream = stream_of(connection);
   const bool streamed_body = request_body != nullptr;
@@ -615,21 +633,15 @@ asio::awaitable<UpstreamPool::Attempt> UpstreamPool::exchange(
     attempt.kind = kind;
     attempt.detail = std::move(detail);
     connection.tcp().close();  // ends a write still running
-    return std::move(attempt);
+    return kind == Attempt::Kind::stale;
   };
-  if (got.error) {
-    auto kind = Attempt::Kind::failed;
-    if (got.error == beast::error::timeout || wire->timed_out) {
-      kind = Attempt::Kind::timed_out;
-    } else if (!got.got_bytes && closed_before_answer(got.error)) {
-      kind = Attempt::Kind::stale;
-    }
-    std::string detail = wire->write_error && !got.got_bytes
-                             ? "writing the request failed: " + wire->write_error.message()
-                             : "reading the response header failed: " + got.error.message();
-    co_return fail(kind, std::move(detail));
+  if (NoResponse failure = no_response(got, wire->write_error, wire->timed_out);
+      !failure.detail.empty()) {
+    const auto kind = failure.timed_out ? Attempt::Kind::timed_out
+                      : failure.stale   ? Attempt::Kind::stale
+                                        : Attempt::Kind::failed;
+    co_return fail(kind, std::move(failure.detail));
   }
-  if (!got.refused.empty()) co_return fail(Attempt::Kind::failed, got.refused);
 
   // Trailer fields of a chunked body are merged into the fields by the parser: keep the header.
   auto header = parser->get().base();
@@ -672,7 +684,7 @@ asio::awaitable<UpstreamPool::Attempt> UpstreamPool::exchange(
     attempt.response = std::move(finished.response);
     attempt.tail = std::make_shared<ResponseTail>(
         *this, upstream, std::move(wire), std::move(parser), std::move(buffer), std::move(body));
-    co_return attempt;
+    co_return false;
   }
   auto finished =
       finish_upstream_response(*parser, std::move(header), std::move(body), head, buffer.size());
@@ -681,7 +693,7 @@ asio::awaitable<UpstreamPool::Attempt> UpstreamPool::exchange(
   // more, and the write still waiting on it ends.
   attempt.reusable = finished.reusable && !wire->writing && !wire->write_error;
   if (wire->writing) connection.tcp().close();
-  co_return attempt;
+  co_return false;
 }
 
 asio::awaitable<ForwardResult> UpstreamPool::forward(const Upstream& upstream_ref,
@@ -707,28 +719,24 @@ asio::awaitable<ForwardResult> UpstreamPool::forward(const Upstream& upstream_re
   auto request = std::make_shared<Request>(std::move(request_in));
 
   // A body that follows as it arrives cannot be sent twice: a fresh connection (C08).
-  Lease lease = co_await this->lease(upstream, body == nullptr);
-  for (int round = 0;; ++round) {
-    if (!lease.connection) {
-      // Not reached at all, or a stale pooled connection whose reconnect failed.
-      result.kind =
-          round == 0 ? ForwardResult::Kind::not_reached : ForwardResult::Kind::unknown_outcome;
-      result.detail = round == 0 ? std::move(lease.detail)
-                                 : "a pooled connection closed; " + std::move(lease.detail);
-      break;
-    }
-    const common::HostPort server = lease.server;
-    const bool pooled = lease.pooled;
-    const auto key = server_key(server);
-    if (!client_sent_host) request->set(bhttp::field::host, key);
-    auto wire = std::make_shared<Wire>(std::move(lease));
-    Attempt attempt = co_await exchange(wire, request, upstream, head, hold_limit, body);
-    if (attempt.kind == Attempt::Kind::stale && pooled && round == 0) {
-      // The upstream closed the idle connection as the request went out, before answering;
-      // retry once on a fresh connection to the same server, never on another (C08).
-      lease = co_await reconnect(upstream, server);
-      continue;
-    }
+  Attempt attempt;
+  std::shared_ptr<Wire> wire;
+  std::string server;
+  const auto exchange_on = [&](Lease& lease) {
+    server = common::format_host_port(lease.server);
+    if (!client_sent_host) request->set(bhttp::field::host, server);
+    wire = std::make_shared<Wire>(std::move(lease));
+    attempt = Attempt{};
+    return exchange(wire, request, upstream, head, hold_limit, body, attempt);
+  };
+  Attempts ran = co_await attempts(upstream, body == nullptr, exchange_on);
+  if (!ran.exchanged) {
+    // Not reached at all, or a stale pooled connection whose reconnect failed.
+    result.kind =
+        ran.reached ? ForwardResult::Kind::unknown_outcome : ForwardResult::Kind::not_reached;
+    result.detail = ran.reached ? "a pooled connection closed; " + std::move(ran.lease.detail)
+                                : std::move(ran.lease.detail);
+  } else {
     switch (attempt.kind) {
       case Attempt::Kind::response:
         result.kind = ForwardResult::Kind::response;
@@ -738,16 +746,15 @@ asio::awaitable<ForwardResult> UpstreamPool::forward(const Upstream& upstream_re
         break;
       case Attempt::Kind::timed_out:
         result.kind = ForwardResult::Kind::timed_out;
-        result.detail = "upstream " + upstream.name + " (" + key +
+        result.detail = "upstream " + upstream.name + " (" + server +
                         ") gave no complete response within request_timeout";
         break;
       case Attempt::Kind::stale:
       case Attempt::Kind::failed:
         result.kind = ForwardResult::Kind::unknown_outcome;
-        result.detail = "upstream " + upstream.name + " (" + key + "): " + attempt.detail;
+        result.detail = "upstream " + upstream.name + " (" + server + "): " + attempt.detail;
         break;
     }
-    break;
   }
   result.upstream_time =
       std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);

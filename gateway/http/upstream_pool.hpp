@@ -4,6 +4,7 @@
 
 #include <array>
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <chrono>
 #include <cstddef>
@@ -14,6 +15,7 @@
 #include <string_view>
 
 #include "gateway/common/deadline_list.hpp"
+#include "gateway/common/host_port.hpp"
 #include "gateway/http/byte_stream.hpp"
 #include "gateway/http/handler.hpp"
 #include "gateway/http/upstream_response.hpp"
@@ -92,6 +94,25 @@ class UpstreamPool final : public Forwarder {
   Lease take_pooled(const Upstream& upstream);
   /// A fresh connection to `server` of `upstream` (the C08 retry of a stale pooled connection).
   boost::asio::awaitable<Lease> reconnect(const Upstream& upstream, common::HostPort server);
+  /// How the attempts of one request ended (SPEC C08).
+  struct Attempts {
+    /// The last attempt's connection as its exchange left it (it may have moved it on); null
+    /// with `detail` set when that attempt got no connection.
+    Lease lease;
+    bool exchanged = false;  ///< the last attempt had a connection and ran its exchange
+    bool reached = false;    ///< an attempt had a connection: a failure is no "unreachable"
+  };
+
+  /// The attempts of one request, written once for every upstream client (SPEC C08): a
+  /// connection to `upstream` (lease(); an idle pooled one when `retryable`, taken without
+  /// suspending when the server round robin picks has one), then `exchange(lease)`, which
+  /// returns an `awaitable<bool>`: true when the connection closed before any response byte.
+  /// Only then, only for a pooled connection and a `retryable` request, the exchange runs once
+  /// more on a fresh connection to the same server, never on another. `upstream` must outlive
+  /// the awaitable.
+  template <class Exchange>
+  boost::asio::awaitable<Attempts> attempts(const Upstream& upstream, bool retryable,
+                                            Exchange exchange);
   /// Returns a connection whose last response ended cleanly (complete, keep-alive, nothing read
   /// past it) to the idle pool; `keep_alive` is the upstream's `Keep-Alive: timeout=N`.
   void give_back(const Upstream& upstream, Lease lease,
@@ -109,12 +130,12 @@ class UpstreamPool final : public Forwarder {
   /// `error` set when the CA file cannot be loaded.
   UpstreamState* state_for(const Upstream& upstream, std::string& error);
   struct Attempt;
-  /// One request and its response on `wire` (C47: written and read at once).
-  boost::asio::awaitable<Attempt> exchange(std::shared_ptr<Wire> wire,
-                                           std::shared_ptr<const Request> request,
-                                           const Upstream& upstream, bool head,
-                                           std::size_t hold_limit,
-                                           std::shared_ptr<RequestBodySource> body);
+  /// One request and its response on `wire` (C47: written and read at once), into `attempt`;
+  /// true when the connection closed before any response byte (an attempts() exchange).
+  boost::asio::awaitable<bool> exchange(std::shared_ptr<Wire> wire,
+                                        std::shared_ptr<const Request> request,
+                                        const Upstream& upstream, bool head, std::size_t hold_limit,
+                                        std::shared_ptr<RequestBodySource> body, Attempt& attempt);
   std::unique_ptr<Connection> take_idle(UpstreamState& state, const common::HostPort& server);
   void put_idle(UpstreamState& state, const Upstream& upstream,
                 std::unique_ptr<Connection> connection);
@@ -133,6 +154,27 @@ class UpstreamPool final : public Forwarder {
   /// bytes are written or copied before the next).
   std::unique_ptr<std::array<char, kRenderedHeadBytes>> head_scratch_;
 };
+
+template <class Exchange>
+boost::asio::awaitable<UpstreamPool::Attempts> UpstreamPool::attempts(const Upstream& upstream,
+                                                                      bool retryable,
+                                                                      Exchange exchange) {
+  Attempts out;
+  if (retryable) out.lease = take_pooled(upstream);  // the usual case: no task
+  if (!out.lease.connection) out.lease = co_await lease(upstream, retryable);
+  for (int round = 0; out.lease.connection; ++round) {
+    out.reached = true;
+    const bool pooled = out.lease.pooled;
+    const common::HostPort server = out.lease.server;
+    const bool closed_unanswered = co_await exchange(out.lease);
+    out.exchanged = true;
+    if (!closed_unanswered || !pooled || !retryable || round > 0) break;
+    // The upstream closed the idle connection as the request went out, before answering.
+    out.exchanged = false;
+    out.lease = co_await reconnect(upstream, server);
+  }
+  co_return out;
+}
 
 /// The body of an upstream response that forward() did not hold (SPEC C39): the header is read,
 /// `prefix` holds the body bytes read before the body passed the hold limit (a chunked body), the
@@ -173,6 +215,19 @@ struct ResponseHead {
   bool got_bytes = false;  ///< response bytes had arrived: no stale pooled connection (C08)
   std::string refused;     ///< why a header is no answer: a status under 100, an unasked 101
 };
+
+/// Why an exchange got no response, from how reading its header ended (SPEC C05, C08).
+struct NoResponse {
+  bool timed_out = false;  ///< no response header within request_timeout (→ 504)
+  bool stale = false;      ///< closed before any response byte: a retryable request may go again
+  std::string detail;      ///< what failed, for the problem's detail; empty when there is a header
+};
+
+/// Classifies `got` for both upstream clients: a timeout (of the read, of the write, or
+/// `timed_out` by the caller's deadline) is timed_out; a close or reset before any response
+/// byte is stale; a write failure before any response byte is named as such. Pure.
+NoResponse no_response(const ResponseHead& got, const boost::system::error_code& write_error,
+                       bool timed_out);
 
 /// Reads response headers from `stream`, each into a fresh `parser` (prepare_response_parser),
 /// dropping 1xx interim responses, until a final response, or a `101` when `upgrade` (SPEC C40).
