@@ -2,8 +2,11 @@
 
 #include <libpq-fe.h>
 
+#include <initializer_list>
 #include <memory>
 #include <stdexcept>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "examples/payment-service/json_log.hpp"
@@ -16,12 +19,21 @@ constexpr const char* kColumns =
     "to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
     "to_char(refunded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')";
 
+/// The parts, one after the other (appended: GCC 12 reports std::string's operator+ on a
+/// temporary as out of bounds, PR 105651).
+std::string concat(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (const std::string_view part : parts) out.append(part);
+  return out;
+}
+
 // Any constant works; it only has to be the same in every instance of the service.
 constexpr const char* kSchemaLockKey = "7310012460319417344";
 
 // client_min_messages: the "already exists, skipping" notices of every start are noise.
-const std::string kSchema = std::string("SET client_min_messages = warning; BEGIN;") +
-                            "SELECT pg_advisory_xact_lock(" + kSchemaLockKey + ");" + R"sql(
+const std::string kSchema = concat({"SET client_min_messages = warning; BEGIN;",
+                                    "SELECT pg_advisory_xact_lock(", kSchemaLockKey, ");",
+                                    R"sql(
 CREATE TABLE IF NOT EXISTS payment (
     id                  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     order_id            text          NOT NULL,
@@ -46,7 +58,7 @@ CREATE TABLE IF NOT EXISTS event_tally (
     topic      text   PRIMARY KEY,
     deliveries bigint NOT NULL
 );
-COMMIT;)sql";
+COMMIT;)sql"});
 
 // libpq prints notices (e.g. "relation already exists, skipping") to stderr by itself;
 // route them through the JSON log instead.
@@ -145,11 +157,10 @@ StoreResult<PaymentStore::Rows> PaymentStore::exec(
 
 StoreResult<PaymentStore::Created> PaymentStore::create(const PaymentRequest& r) {
   const std::string insert =
-      std::string(
-          "INSERT INTO payment (order_id, customer_id, provider, external_payment_id, "
-          "amount, status) VALUES ($1, $2, $3, $4, $5::numeric, 'created') "
-          "ON CONFLICT (provider, external_payment_id) DO NOTHING RETURNING ") +
-      kColumns;
+      concat({"INSERT INTO payment (order_id, customer_id, provider, external_payment_id, "
+              "amount, status) VALUES ($1, $2, $3, $4, $5::numeric, 'created') "
+              "ON CONFLICT (provider, external_payment_id) DO NOTHING RETURNING ",
+              kColumns});
   auto inserted = exec(insert.c_str(), {&r.order_id, &r.customer_id, &r.provider,
                                         &r.external_payment_id, &r.amount});
   if (auto* failure = std::get_if<StoreFailure>(&inserted)) return std::move(*failure);
@@ -158,8 +169,8 @@ StoreResult<PaymentStore::Created> PaymentStore::create(const PaymentRequest& r)
 
   // ON CONFLICT waited for the conflicting insert to commit, so this statement's snapshot
   // sees that row.
-  const std::string select = std::string("SELECT ") + kColumns +
-                             " FROM payment WHERE provider = $1 AND external_payment_id = $2";
+  const std::string select = concat(
+      {"SELECT ", kColumns, " FROM payment WHERE provider = $1 AND external_payment_id = $2"});
   auto existing = exec(select.c_str(), {&r.provider, &r.external_payment_id});
   if (auto* failure = std::get_if<StoreFailure>(&existing)) return std::move(*failure);
   const Rows& rows = std::get<Rows>(existing);
@@ -169,7 +180,7 @@ StoreResult<PaymentStore::Created> PaymentStore::create(const PaymentRequest& r)
 
 StoreResult<std::optional<Payment>> PaymentStore::find(long long id) {
   const std::string id_text = std::to_string(id);
-  const std::string select = std::string("SELECT ") + kColumns + " FROM payment WHERE id = $1";
+  const std::string select = concat({"SELECT ", kColumns, " FROM payment WHERE id = $1"});
   auto found = exec(select.c_str(), {&id_text});
   if (auto* failure = std::get_if<StoreFailure>(&found)) return std::move(*failure);
   const Rows& rows = std::get<Rows>(found);
@@ -179,10 +190,10 @@ StoreResult<std::optional<Payment>> PaymentStore::find(long long id) {
 
 StoreResult<PaymentStore::Refund> PaymentStore::refund(long long id) {
   const std::string id_text = std::to_string(id);
-  const std::string update = std::string(
-                                 "UPDATE payment SET status = 'refunded', refunded_at = now() "
-                                 "WHERE id = $1 AND status = 'created' RETURNING ") +
-                             kColumns;
+  const std::string update =
+      concat({"UPDATE payment SET status = 'refunded', refunded_at = now() "
+              "WHERE id = $1 AND status = 'created' RETURNING ",
+              kColumns});
   auto updated = exec(update.c_str(), {&id_text});
   if (auto* failure = std::get_if<StoreFailure>(&updated)) return std::move(*failure);
   if (const Rows& rows = std::get<Rows>(updated); rows.size() == 1)
