@@ -94,6 +94,16 @@ beast::flat_buffer::mutable_buffers_type read_room(beast::flat_buffer& buffer) {
   return buffer.prepare(buffer.capacity() == 0 ? kFirstRead : beast::read_size(buffer, kReadChunk));
 }
 
+/// The end of one read of `socket` into `buffer` timed by an entry of the thread's deadline list
+/// (C07, C54): commits the `n` bytes read; a connection the entry closed at its deadline after
+/// they arrived is not served (operation_aborted), since its answer could not be written.
+boost::system::error_code read_by_entry_ended(const tcp::socket& socket, beast::flat_buffer& buffer,
+                                              boost::system::error_code ec, std::size_t n) {
+  buffer.commit(n);
+  if (!ec && !socket.is_open()) ec = asio::error::operation_aborted;
+  return ec;
+}
+
 /// After a response that ends the connection, how long to read and discard what the client still
 /// sends: closing with unread input makes the kernel send a reset that can destroy the response.
 constexpr auto kLingerTime = std::chrono::seconds(2);
@@ -183,10 +193,10 @@ class BasicSession final : public Session {
   /// The references point into serve_one's frame, which outlives it.
   asio::awaitable<bool> serve_held(HeldParser& parser,
                                    const std::shared_ptr<const ProxyConfig>& config,
-                                   const Route* route, bool handled, Admission::Ticket& in_flight,
-                                   bool shed, bool shed_unread_body,
-                                   std::optional<Rejection>& reject, unsigned version,
-                                   std::string_view origin, Clock::time_point started);
+                                   const Route* route, Admission::Ticket& in_flight, bool shed,
+                                   bool shed_unread_body, std::optional<Rejection>& reject,
+                                   unsigned version, std::string_view origin,
+                                   Clock::time_point started);
   /// A routed request that the handler does not hold, streamed (SPEC C38) or tunnelled (C40).
   asio::awaitable<bool> stream_one(beast::flat_buffer& buffer, HeldParser& parser,
                                    const ProxyConfig& config, const Route& route,
@@ -348,10 +358,7 @@ BasicSession<Stream>::read_some_by(beast::flat_buffer& buffer, Clock::time_point
       SlowHeader waiting(socket, deadline);
       HeaderDeadlines::Guard guard(*context_->header_deadlines, waiting);
       auto [ec, n] = co_await socket.async_read_some(read_room(buffer), use_nothrow);
-      buffer.commit(n);
-      // Closed at its deadline after these bytes were read: not served.
-      if (!ec && !socket.is_open()) ec = asio::error::operation_aborted;
-      co_return std::tuple{ec, n};
+      co_return std::tuple{read_by_entry_ended(socket, buffer, ec, n), n};
     }
   }
   lowest().expires_at(deadline);
@@ -428,11 +435,8 @@ asio::awaitable<bool> BasicSession<Stream>::complete_header(beast::flat_buffer& 
           slow_header_guard.emplace(*context_->header_deadlines, slow_header);
         }
         auto [rec, rn] = co_await socket.async_read_some(read_room(buffer), use_nothrow);
-        if (rec) co_return false;  // EOF, reset, or closed at its deadline or by a drain
-        // Closed at its deadline after these bytes were read: not served (the answer could not
-        // be written).
-        if (!socket.is_open()) co_return false;
-        buffer.commit(rn);
+        // EOF, reset, or closed at its deadline or by a drain.
+        if (read_by_entry_ended(socket, buffer, rec, rn)) co_return false;
         continue;
       }
     }
@@ -609,15 +613,14 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(beast::flat_buffer& buffer
   if (!reject && !shed_unread_body && !parser.is_done()) {
     if (!co_await read_held_body(buffer, parser, limits, reject)) co_return false;
   }
-  const bool handled = !shed && route && upstream != config->upstreams.end();
-  co_return co_await serve_held(parser, config, route, handled, in_flight, shed, shed_unread_body,
-                                reject, version, origin, started);
+  co_return co_await serve_held(parser, config, route, in_flight, shed, shed_unread_body, reject,
+                                version, origin, started);
 }
 
 template <class Stream>
 asio::awaitable<bool> BasicSession<Stream>::serve_held(
     HeldParser& parser, const std::shared_ptr<const ProxyConfig>& config, const Route* route,
-    bool handled, Admission::Ticket& in_flight, bool shed, bool shed_unread_body,
+    Admission::Ticket& in_flight, bool shed, bool shed_unread_body,
     std::optional<Rejection>& reject, unsigned version, std::string_view origin,
     Clock::time_point started) {
   Request request = parser.release();
@@ -642,7 +645,8 @@ asio::awaitable<bool> BasicSession<Stream>::serve_held(
                          std::move(in_flight),    shed,       client_ip_,
                          kTls ? "https" : "http", request_id_};
     result = co_await answer_routed(*context_->handler, std::move(routed), version, keep_alive);
-    if (handled) keep_alive = keep_alive && !close_after_response_ && !context_->draining;
+    // A drain or a close decided while the handler worked ends the connection after the answer.
+    keep_alive = keep_alive && !close_after_response_ && !context_->draining;
   }
   const bool written =
       co_await write_answer(result, route, origin, *config, version, head, keep_alive);
