@@ -27,6 +27,20 @@ std::string concat(std::initializer_list<std::string_view> parts) {
   return out;
 }
 
+// The statements, built once.
+const std::string kInsert =
+    concat({"INSERT INTO payment (order_id, customer_id, provider, external_payment_id, "
+            "amount, status) VALUES ($1, $2, $3, $4, $5::numeric, 'created') "
+            "ON CONFLICT (provider, external_payment_id) DO NOTHING RETURNING ",
+            kColumns});
+const std::string kSelectByReference =
+    concat({"SELECT ", kColumns, " FROM payment WHERE provider = $1 AND external_payment_id = $2"});
+const std::string kSelectById = concat({"SELECT ", kColumns, " FROM payment WHERE id = $1"});
+const std::string kRefund =
+    concat({"UPDATE payment SET status = 'refunded', refunded_at = now() "
+            "WHERE id = $1 AND status = 'created' RETURNING ",
+            kColumns});
+
 // Any constant works; it only has to be the same in every instance of the service.
 constexpr const char* kSchemaLockKey = "7310012460319417344";
 
@@ -156,22 +170,15 @@ StoreResult<PaymentStore::Rows> PaymentStore::exec(
 }
 
 StoreResult<PaymentStore::Created> PaymentStore::create(const PaymentRequest& r) {
-  const std::string insert =
-      concat({"INSERT INTO payment (order_id, customer_id, provider, external_payment_id, "
-              "amount, status) VALUES ($1, $2, $3, $4, $5::numeric, 'created') "
-              "ON CONFLICT (provider, external_payment_id) DO NOTHING RETURNING ",
-              kColumns});
-  auto inserted = exec(insert.c_str(), {&r.order_id, &r.customer_id, &r.provider,
-                                        &r.external_payment_id, &r.amount});
+  auto inserted = exec(kInsert.c_str(), {&r.order_id, &r.customer_id, &r.provider,
+                                         &r.external_payment_id, &r.amount});
   if (auto* failure = std::get_if<StoreFailure>(&inserted)) return std::move(*failure);
   if (const Rows& rows = std::get<Rows>(inserted); rows.size() == 1)
     return Created{rows.payment(0), true};
 
   // ON CONFLICT waited for the conflicting insert to commit, so this statement's snapshot
   // sees that row.
-  const std::string select = concat(
-      {"SELECT ", kColumns, " FROM payment WHERE provider = $1 AND external_payment_id = $2"});
-  auto existing = exec(select.c_str(), {&r.provider, &r.external_payment_id});
+  auto existing = exec(kSelectByReference.c_str(), {&r.provider, &r.external_payment_id});
   if (auto* failure = std::get_if<StoreFailure>(&existing)) return std::move(*failure);
   const Rows& rows = std::get<Rows>(existing);
   if (rows.size() != 1) return StoreFailure{"the conflicting payment row is not visible"};
@@ -180,8 +187,7 @@ StoreResult<PaymentStore::Created> PaymentStore::create(const PaymentRequest& r)
 
 StoreResult<std::optional<Payment>> PaymentStore::find(long long id) {
   const std::string id_text = std::to_string(id);
-  const std::string select = concat({"SELECT ", kColumns, " FROM payment WHERE id = $1"});
-  auto found = exec(select.c_str(), {&id_text});
+  auto found = exec(kSelectById.c_str(), {&id_text});
   if (auto* failure = std::get_if<StoreFailure>(&found)) return std::move(*failure);
   const Rows& rows = std::get<Rows>(found);
   if (rows.size() == 0) return std::optional<Payment>{};
@@ -190,11 +196,7 @@ StoreResult<std::optional<Payment>> PaymentStore::find(long long id) {
 
 StoreResult<PaymentStore::Refund> PaymentStore::refund(long long id) {
   const std::string id_text = std::to_string(id);
-  const std::string update =
-      concat({"UPDATE payment SET status = 'refunded', refunded_at = now() "
-              "WHERE id = $1 AND status = 'created' RETURNING ",
-              kColumns});
-  auto updated = exec(update.c_str(), {&id_text});
+  auto updated = exec(kRefund.c_str(), {&id_text});
   if (auto* failure = std::get_if<StoreFailure>(&updated)) return std::move(*failure);
   if (const Rows& rows = std::get<Rows>(updated); rows.size() == 1)
     return Refund{RefundOutcome::refunded, rows.payment(0)};

@@ -503,18 +503,14 @@ asio::awaitable<void> download(RelayState& x, Duplex& d) {
   d.answered = true;
   // Else the upload's timer wakes for the watch and finds the header.
   if (d.watching && d.deadline) d.deadline->cancel();
-  // Named only when there is a failure to describe.
-  const auto where = [&x] {
-    return "upstream " + x.upstream.name + " (" + common::format_host_port(x.server) + ")";
-  };
   if (NoResponse failure = no_response(got, d.write_error, d.timed_out); !failure.detail.empty()) {
     x.timed_out = failure.timed_out;
     x.stale = failure.stale;
-    x.failure = where() + ": " + failure.detail;
+    x.failure = upstream_where(x.upstream, x.server) + ": " + failure.detail;
   } else if (d.rparser->get().result_int() == 101 &&
              !upgrade_names(d.rparser->get().base(), "websocket")) {
     // RFC 9110 §7.8: the server switches to a protocol the client listed, and says which.
-    x.failure = where() + ": the upstream switched protocols to '" +
+    x.failure = upstream_where(x.upstream, x.server) + ": the upstream switched protocols to '" +
                 std::string(d.rparser->get()[bhttp::field::upgrade]) +
                 "', not the websocket the client asked for";
   } else if (d.rparser->get().result_int() == 101) {

@@ -461,8 +461,7 @@ asio::awaitable<UpstreamPool::Lease> UpstreamPool::reconnect(const Upstream& ups
   auto connection = std::make_unique<Connection>(executor_, server, state->tls);
   const auto ec = co_await open(connection.get(), server, upstream);
   if (ec) {
-    out.detail = "upstream " + upstream.name + " (" + common::format_host_port(server) +
-                 "): reconnecting failed: " + ec.message();
+    out.detail = upstream_where(upstream, server) + ": reconnecting failed: " + ec.message();
     co_return out;
   }
   out.connection.reset(connection.release());
@@ -482,6 +481,10 @@ void UpstreamPool::give_back(const Upstream& upstream, Lease lease,
   connection->tcp().expires_never();
   connection->idle_deadline = Clock::now() + keep;
   put_idle(*state, upstream, std::move(connection));
+}
+
+std::string upstream_where(const Upstream& upstream, const common::HostPort& server) {
+  return "upstream " + upstream.name + " (" + common::format_host_port(server) + ")";
 }
 
 NoResponse no_response(const ResponseHead& got, const boost::system::error_code& write_error,
@@ -721,10 +724,10 @@ asio::awaitable<ForwardResult> UpstreamPool::forward(const Upstream& upstream_re
   // A body that follows as it arrives cannot be sent twice: a fresh connection (C08).
   Attempt attempt;
   std::shared_ptr<Wire> wire;
-  std::string server;
+  common::HostPort server;
   const auto exchange_on = [&](Lease& lease) {
-    server = common::format_host_port(lease.server);
-    if (!client_sent_host) request->set(bhttp::field::host, server);
+    server = lease.server;
+    if (!client_sent_host) request->set(bhttp::field::host, common::format_host_port(server));
     wire = std::make_shared<Wire>(std::move(lease));
     attempt = Attempt{};
     return exchange(wire, request, upstream, head, hold_limit, body, attempt);
@@ -746,13 +749,13 @@ asio::awaitable<ForwardResult> UpstreamPool::forward(const Upstream& upstream_re
         break;
       case Attempt::Kind::timed_out:
         result.kind = ForwardResult::Kind::timed_out;
-        result.detail = "upstream " + upstream.name + " (" + server +
-                        ") gave no complete response within request_timeout";
+        result.detail =
+            upstream_where(upstream, server) + " gave no complete response within request_timeout";
         break;
       case Attempt::Kind::stale:
       case Attempt::Kind::failed:
         result.kind = ForwardResult::Kind::unknown_outcome;
-        result.detail = "upstream " + upstream.name + " (" + server + "): " + attempt.detail;
+        result.detail = upstream_where(upstream, server) + ": " + attempt.detail;
         break;
     }
   }

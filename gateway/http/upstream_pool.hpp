@@ -167,10 +167,11 @@ boost::asio::awaitable<UpstreamPool::Attempts> UpstreamPool::attempts(const Upst
     const bool pooled = out.lease.pooled;
     const common::HostPort server = out.lease.server;
     const bool closed_unanswered = co_await exchange(out.lease);
-    out.exchanged = true;
-    if (!closed_unanswered || !pooled || !retryable || round > 0) break;
+    if (!closed_unanswered || !pooled || !retryable || round > 0) {
+      out.exchanged = true;
+      break;
+    }
     // The upstream closed the idle connection as the request went out, before answering.
-    out.exchanged = false;
     out.lease = co_await reconnect(upstream, server);
   }
   co_return out;
@@ -215,6 +216,9 @@ struct ResponseHead {
   bool got_bytes = false;  ///< response bytes had arrived: no stale pooled connection (C08)
   std::string refused;     ///< why a header is no answer: a status under 100, an unasked 101
 };
+
+/// `upstream NAME (host:port)`: how a problem's detail names the server an exchange went to.
+std::string upstream_where(const Upstream& upstream, const common::HostPort& server);
 
 /// Why an exchange got no response, from how reading its header ended (SPEC C05, C08).
 struct NoResponse {
