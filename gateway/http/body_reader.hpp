@@ -66,6 +66,20 @@ std::optional<boost::system::error_code> put_header(
   return std::nullopt;
 }
 
+/// Whether `buffer` holds an LF not preceded by a CR. Asked when a chunked body's parser needs
+/// more than the bytes left in it: they begin a chunk-size line or the trailer section, whose
+/// lines end in CRLF (RFC 9112 §7.1). Beast 1.81 reads a bare LF as an ordinary byte and would
+/// wait, for ever or up to the buffer's limit, for a CRLF a peer that ends its lines with LF never
+/// sends; such a line is refused at once instead (a recipient may refuse it, RFC 9112 §2.2).
+inline bool has_bare_lf(const boost::beast::flat_buffer& buffer) {
+  const auto bytes = buffer.data();
+  const std::string_view text(static_cast<const char*>(bytes.data()), bytes.size());
+  for (auto lf = text.find('\n'); lf != std::string_view::npos; lf = text.find('\n', lf + 1)) {
+    if (lf == 0 || text[lf - 1] != '\r') return true;
+  }
+  return false;
+}
+
 /// The part of async_read_body that needs no I/O: hands `parser` what `buffer` holds (never fewer
 /// than kMinChunkedPut bytes of a chunked body). Returns how the read ends when it ends here (the
 /// message done, a buffer_body piece filled, the parser's error), nullopt when more bytes must be
@@ -93,6 +107,9 @@ std::optional<boost::system::error_code> put_buffered(
     if constexpr (kPiece) {
       if (parser.get().body().size < room) return error_code{};
     }
+    // Bytes the parser could not take are an incomplete chunk-size line or trailer section.
+    if (ec == bhttp::error::need_more && parser.chunked() && has_bare_lf(buffer))
+      return bhttp::error::bad_chunk;
     if (ec || used == 0) return std::nullopt;
   }
 }

@@ -16,6 +16,7 @@
 #include <boost/beast/http/write.hpp>
 #include <memory>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "gateway/common/deadline_list.hpp"
@@ -256,7 +257,16 @@ asio::awaitable<error_code> pass_body(ByteStream up, beast::flat_buffer& ubuf,
   body.data = prefix.empty() ? nullptr : prefix.data();
   body.size = prefix.size();
   body.more = !rparser.is_done();
-  auto ec = co_await write_piece(client, rs, client_idle);  // the header first (C38)
+  // The header goes out first (C38), and before any more of the body is parsed: the parser adds
+  // a chunked body's trailer fields to the fields the serializer renders, and trailers are
+  // dropped (C03). Without body bytes to send the serializer would defer the header.
+  error_code ec;
+  if (prefix.empty()) {
+    client.tcp().expires_after(client_idle);
+    std::tie(ec, std::ignore) = co_await bhttp::async_write_header(client, rs, use_nothrow);
+  } else {
+    ec = co_await write_piece(client, rs, client_idle);
+  }
   while (!ec && !rs.is_done()) {
     if (const auto rec =
             co_await read_body_piece(up, ubuf, rparser, down.data(), down.size(), up_idle)) {

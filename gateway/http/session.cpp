@@ -104,6 +104,18 @@ boost::system::error_code read_by_entry_ended(const tcp::socket& socket, beast::
   return ec;
 }
 
+/// rejection_for() an error met while reading a request body: past the header, a line that does
+/// not fit the session's read buffer is a chunk-size line or the trailer section (C04).
+std::optional<Rejection> body_rejection(const boost::system::error_code& ec, const Limits& limits) {
+  auto rejection = rejection_for(ec, limits);
+  if (rejection && (ec == bhttp::error::header_limit || ec == bhttp::error::buffer_overflow)) {
+    rejection->detail = "a chunk-size line or the trailer section exceeds the " +
+                        std::to_string(limits.max_header_bytes + 4 * kReadChunk) +
+                        "-byte read buffer (max_header_bytes + 16 KiB)";
+  }
+  return rejection;
+}
+
 /// After a response that ends the connection, how long to read and discard what the client still
 /// sends: closing with unread input makes the kernel send a reset that can destroy the response.
 constexpr auto kLingerTime = std::chrono::seconds(2);
@@ -489,7 +501,7 @@ asio::awaitable<bool> BasicSession<Stream>::read_held_body(beast::flat_buffer& b
   // Each read must progress within idle_timeout; a slow but steady upload is not cut (C07).
   const auto ec = co_await async_read_body(stream_, buffer, parser, limits.idle_timeout);
   if (ec) {
-    reject = rejection_for(ec, limits);
+    reject = body_rejection(ec, limits);
     co_return reject.has_value();
   }
   if (header) parser.get().base() = std::move(*header);
@@ -623,6 +635,8 @@ asio::awaitable<bool> BasicSession<Stream>::serve_held(
     Admission::Ticket& in_flight, bool shed, bool shed_unread_body,
     std::optional<Rejection>& reject, unsigned version, std::string_view origin,
     Clock::time_point started) {
+  // Beast's parser reads every Connection field line; the message's keep_alive() only the first.
+  const bool asked_keep_alive = !reject && parser.is_header_done() && parser.keep_alive();
   Request request = parser.release();
   const std::string method(request.method_string());
   const std::string target(request.target());
@@ -634,7 +648,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_held(
     result.response = make_problem(reject->problem, std::move(reject->detail), version, false);
     result.outcome = "rejected";
   } else {
-    keep_alive = request.keep_alive() && !close_after_response_ && !context_->draining;
+    keep_alive = asked_keep_alive && !close_after_response_ && !context_->draining;
     if (shed_unread_body) {
       // The rest of the body is still on its way: discarded by the lingering close.
       keep_alive = false;
@@ -667,7 +681,7 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
   const std::string method(header.method_string());
   const std::string target(header.target());
   const bool client_keep_alive =
-      header.keep_alive() && !close_after_response_ && !context_->draining;
+      parser.keep_alive() && !close_after_response_ && !context_->draining;
   const bool websocket =
       std::find(route.upgrade.begin(), route.upgrade.end(), "websocket") != route.upgrade.end() &&
       beast::websocket::is_upgrade(header);
@@ -720,7 +734,7 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
   // response byte: the upstream's connection is already gone (the exchange is cut); the client
   // gets 400 or 413 and its connection closes.
   if (outcome.request_error && outcome.status == 0 && !outcome.problem) {
-    if (auto rejection = rejection_for(outcome.request_error, limits)) {
+    if (auto rejection = body_rejection(outcome.request_error, limits)) {
       if (outcome.request_error == bhttp::error::body_limit) {
         rejection->detail = "the request body exceeds max_streamed_body (" +
                             std::to_string(limits.max_streamed_body) + " bytes)";

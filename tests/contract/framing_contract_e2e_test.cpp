@@ -15,13 +15,14 @@ using namespace idemgate::test::contract;
 
 const std::string kSmuggled = "GET /smuggled HTTP/1.1\r\nHost: gateway.test\r\n\r\n";
 
-/// A gateway with one pass-through route for every path to the in-test upstream.
+/// A gateway with a keyed route on /keyed (held requests) and a pass-through route for every
+/// other path (streamed requests), both to the in-test upstream.
 struct FramingFixture {
   TestUpstream upstream;
   Gateway gateway{[this] {
     GatewayConfig config;
     config.upstreams = {{"up", {upstream.address()}}};
-    config.routes = {route("all", "/", "up", "off")};
+    config.routes = {route("keyed", "/keyed", "up"), route("all", "/", "up", "off")};
     return config;
   }()};
 
@@ -245,6 +246,68 @@ BOOST_AUTO_TEST_CASE(absolute_form_targets_are_routed_and_forwarded_by_their_aut
   BOOST_TEST(seen.target == "/abs?x=1");
   BOOST_TEST(seen.values("Host").size() == 1u);
   BOOST_TEST(seen.value("Host").value_or("") == "gateway.test");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C03_chunk_lines_ending_in_a_bare_lf_are_400_at_once) {
+  // RFC 9112 §7.1: chunk-size lines and trailer lines end in CRLF. A body whose lines end in LF
+  // alone is refused as soon as the line is there, not left waiting for a CRLF until idle_timeout.
+  for (const std::string& lines : {std::string("3\nabc\n0\n\n"), std::string("3\r\nabc\r\n0\n\n"),
+                                   std::string("0\r\nX-T: a\n\r\n")}) {
+    expect_rejected_and_closed("streamed: " + lines,
+                               "POST /lf HTTP/1.1\r\nHost: gateway.test\r\nTransfer-Encoding: "
+                               "chunked\r\n\r\n" +
+                                   lines);
+    expect_rejected_and_closed(
+        "held: " + lines, "POST /keyed/lf HTTP/1.1\r\nHost: gateway.test\r\nIdempotency-Key: " +
+                              unique_name("lf") + "\r\nTransfer-Encoding: chunked\r\n\r\n" + lines);
+  }
+  BOOST_TEST(upstream.count("/keyed/lf") == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C03_upstream_trailers_never_become_response_header_fields) {
+  // A chunked answer that arrives whole, its trailer section included: the trailers are dropped,
+  // on the streamed and the held path alike, never written as header fields (C16:
+  // Idempotent-Replayed is the gateway's own).
+  UpstreamReply reply;
+  reply.headers = {{"Transfer-Encoding", "chunked"}};
+  reply.body =
+      "2\r\nok\r\n0\r\nSet-Cookie: evil=1\r\nIdempotent-Replayed: true\r\nLocation: "
+      "http://evil/\r\n\r\n";
+  upstream.on("/trailers", {reply});
+  upstream.on("/keyed/trailers", {reply});
+  for (const std::string& request :
+       {std::string("GET /trailers HTTP/1.1\r\nHost: gateway.test\r\nConnection: close\r\n\r\n"),
+        "POST /keyed/trailers HTTP/1.1\r\nHost: gateway.test\r\nIdempotency-Key: " +
+            unique_name("trailers") + "\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}"}) {
+    BOOST_TEST_CONTEXT(request) {
+      const RawExchange got = raw_exchange(gateway.port(), request);
+      BOOST_TEST_REQUIRE(got.responses.size() == 1u, "unparsed: " << got.rest);
+      const HttpResponse& res = got.responses.front();
+      BOOST_TEST(res.status == 201u, describe(res));
+      BOOST_TEST(res.body == "ok");
+      for (const char* name : {"Set-Cookie", "Idempotent-Replayed", "Location"})
+        BOOST_TEST(!res.header(name), name << " came through: " << describe(res));
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(spec_C02_close_in_any_connection_field_line_closes_after_the_answer) {
+  // RFC 9110 §7.6.1: Connection is a list that may span several field lines.
+  for (const std::string& request :
+       {std::string("GET /conn HTTP/1.1\r\nHost: gateway.test\r\nConnection: x-a\r\n"
+                    "Connection: close\r\n\r\n"),
+        "POST /keyed/conn HTTP/1.1\r\nHost: gateway.test\r\nIdempotency-Key: " +
+            unique_name("conn") +
+            "\r\nConnection: x-a\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"}) {
+    BOOST_TEST_CONTEXT(request) {
+      const RawExchange got = raw_exchange(gateway.port(), request, std::chrono::seconds(3));
+      BOOST_TEST_REQUIRE(got.responses.size() == 1u, "unparsed: " << got.rest);
+      const HttpResponse& res = got.responses.front();
+      BOOST_TEST(res.status == 201u, describe(res));
+      BOOST_TEST(res.header("Connection").value_or("") == "close", describe(res));
+      BOOST_TEST(got.closed, "the connection stayed open");
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()
