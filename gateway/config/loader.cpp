@@ -1,10 +1,17 @@
 #include "gateway/config/loader.hpp"
 
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <algorithm>
 #include <boost/asio/ip/address.hpp>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <system_error>
 
 #include "gateway/common/host_port.hpp"
 
@@ -280,9 +287,61 @@ std::string Loader::readable_file(const Field& f) const {
   const std::filesystem::path given(non_empty(f));
   const std::filesystem::path p =
       given.is_absolute() || base_dir_.empty() ? given : (base_dir_ / given).lexically_normal();
+  // Before opening: a directory opens as a stream and fails only at its first read, a device
+  // may never end, and opening a FIFO waits for a writer.
+  std::error_code ec;
+  const auto status = std::filesystem::status(p, ec);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+    fail(f, in_quotes(p.string()) + " is not a regular file");
   std::ifstream in(p, std::ios::binary);
   if (!in) fail(f, "cannot read " + in_quotes(p.string()) + ": " + std::strerror(errno));
   return p.string();
+}
+
+std::string Loader::file_contents(const Field& f, std::size_t max_bytes) const {
+  const std::string path = readable_file(f);
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (!ec && size > max_bytes) {
+    fail(f, in_quotes(path) + " has " + std::to_string(size) + " bytes, more than the " +
+                std::to_string(max_bytes) + " such a file may have");
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string contents;
+  contents.resize(max_bytes + 1);
+  in.read(contents.data(), static_cast<std::streamsize>(contents.size()));
+  if (in.bad()) fail(f, "cannot read " + in_quotes(path));
+  contents.resize(static_cast<std::size_t>(in.gcount()));
+  if (contents.size() > max_bytes) {
+    fail(f, in_quotes(path) + " has more than the " + std::to_string(max_bytes) +
+                " bytes such a file may have");
+  }
+  return contents;
+}
+
+std::string Loader::pem_file(const Field& f, Pem kind) const {
+  constexpr std::size_t kMaxPemBytes = 1024 * 1024;
+  const std::string contents = file_contents(f, kMaxPemBytes);
+  const std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(contents.data(), static_cast<int>(contents.size())), &BIO_free);
+  bool found = false;
+  if (bio && kind == Pem::certificate) {
+    X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr);
+    found = cert != nullptr;
+    X509_free(cert);
+  } else if (bio) {
+    // No passphrase prompt: an encrypted key is reported as missing instead of blocking.
+    EVP_PKEY* key = PEM_read_bio_PrivateKey(
+        bio.get(), nullptr, [](char*, int, int, void*) { return 0; }, nullptr);
+    found = key != nullptr;
+    EVP_PKEY_free(key);
+  }
+  ERR_clear_error();
+  if (!found) {
+    fail(f, in_quotes(readable_file(f)) + " holds no " +
+                (kind == Pem::certificate ? "PEM certificate" : "unencrypted PEM private key"));
+  }
+  return readable_file(f);
 }
 
 std::string Loader::ip_address(const Field& f) const {

@@ -107,8 +107,16 @@ class Loader {
   std::vector<Field> sequence(const Field& f) const;
   /// A list of distinct (case-insensitive) RFC 9110 tokens; `what` names one in messages.
   std::vector<std::string> tokens(const Field& f, std::string_view what, bool allow_empty) const;
-  /// A file name resolved against the config file's directory, readable now.
+  /// A file name resolved against the config file's directory: a regular file (or a link to
+  /// one), readable now.
   std::string readable_file(const Field& f) const;
+  /// The contents of readable_file(f); fails when the file holds more than `max_bytes`.
+  std::string file_contents(const Field& f, std::size_t max_bytes) const;
+  /// What a PEM file given as `f` must hold (checked with OpenSSL's PEM reader, as the TLS
+  /// context that loads it later reads it).
+  enum class Pem { certificate, private_key };
+  /// readable_file(f), which must hold at least one PEM block of `kind`.
+  std::string pem_file(const Field& f, Pem kind) const;
   std::string ip_address(const Field& f) const;
   /// `"host:port"` (IPv6 as `"[::1]:9001"`).
   Server server(const Field& f) const;

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <optional>
 
 #include "gateway/config/loader.hpp"
@@ -107,10 +105,9 @@ const KeyTable<Idempotency>& idempotency_keys() {
 namespace {
 
 void read_secret(Loader& loader, const Field& f, Idempotency& out) {
+  constexpr std::size_t kMaxSecretBytes = 64 * 1024;
   out.upstream_key_secret_file = loader.readable_file(f);
-  std::ifstream in(out.upstream_key_secret_file, std::ios::binary);
-  std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) loader.fail(f, "cannot read " + in_quotes(out.upstream_key_secret_file));
+  std::string secret = loader.file_contents(f, kMaxSecretBytes);
   // Editors add a final newline; it is not part of the key.
   while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
   if (secret.empty())

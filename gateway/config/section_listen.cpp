@@ -165,8 +165,10 @@ void read_listen(Loader& loader, const Field& f, Listen& out, bool is_admin) {
   }
   if (auto t = m.get("tls")) {
     const Map tls(loader, *t, names_of(table, "tls"));
-    out.tls_cert = loader.readable_file(tls.require("cert"));
-    out.tls_key = loader.readable_file(tls.require("key"));
+    const Field cert = tls.require("cert");
+    const Field key = tls.require("key");
+    out.tls_cert = loader.pem_file(cert, Loader::Pem::certificate);
+    out.tls_key = loader.pem_file(key, Loader::Pem::private_key);
     if (auto alpn = tls.get("alpn")) {
       out.tls_alpn.clear();
       const auto items = loader.sequence(*alpn);

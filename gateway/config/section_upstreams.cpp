@@ -52,7 +52,7 @@ void read_upstreams(Loader& loader, const Field& f) {
     read_keys(loader, um, upstream_keys(), u);
     if (auto v = um.get("tls_ca_file")) {
       if (!u.tls) loader.fail(*v, "needs tls: true");
-      u.tls_ca_file = loader.readable_file(*v);
+      u.tls_ca_file = loader.pem_file(*v, Loader::Pem::certificate);
     }
     if (auto v = um.get("tls_server_name")) {
       if (!u.tls) loader.fail(*v, "needs tls: true");

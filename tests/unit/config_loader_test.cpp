@@ -258,6 +258,40 @@ BOOST_AUTO_TEST_CASE(missing_file_is_reported_as_the_file) {
                         });
 }
 
+BOOST_AUTO_TEST_CASE(a_config_path_that_is_not_a_regular_file_is_reported_as_the_file) {
+  InSourceDir here;
+  BOOST_CHECK_EXCEPTION(cfg::load_config("tests/data/config"), cfg::ConfigError,
+                        [](const cfg::ConfigError& e) {
+                          return std::string(e.what()) ==
+                                 "tests/data/config:1: (file): cannot read: not a regular file";
+                        });
+}
+
+BOOST_AUTO_TEST_CASE(files_named_by_keys_must_be_regular_files_of_the_right_kind) {
+  InSourceDir here;
+  // A directory, a device that never ends, a TLS file that is not PEM: each names its key.
+  BOOST_TEST(error_of(with_idempotency("      upstream_key: rewrite\n"
+                                       "      upstream_key_secret_file: tests/data\n")) ==
+             "t.yaml:13: routes[0].idempotency.upstream_key_secret_file: \"tests/data\" is not a "
+             "regular file");
+  BOOST_TEST(error_of(with_idempotency("      upstream_key: rewrite\n"
+                                       "      upstream_key_secret_file: /dev/zero\n")) ==
+             "t.yaml:13: routes[0].idempotency.upstream_key_secret_file: \"/dev/zero\" is not a "
+             "regular file");
+  const auto tls = [&](const std::string& cert, const std::string& key) {
+    return replace(kBase, "port: 0 }", "port: 0, tls: { cert: " + cert + ", key: " + key + " } }");
+  };
+  const std::string crt = "tests/data/config/tls/test.crt";
+  const std::string key = "tests/data/config/tls/test.key";
+  BOOST_TEST(load(tls(crt, key))->listen.tls_cert == crt);
+  BOOST_TEST(error_of(tls("tests/data/config/hmac.key", key)) ==
+             "t.yaml:1: listen.tls.cert: \"tests/data/config/hmac.key\" holds no PEM certificate");
+  BOOST_TEST(error_of(tls(crt, crt)) ==
+             "t.yaml:1: listen.tls.key: \"" + crt + "\" holds no unencrypted PEM private key");
+  BOOST_TEST(error_of(tls(key, key)) ==
+             "t.yaml:1: listen.tls.cert: \"" + key + "\" holds no PEM certificate");
+}
+
 BOOST_AUTO_TEST_CASE(yaml_syntax_error_names_its_line) {
   BOOST_TEST(error_of(kBase + "  - name: x\n   bad: [\n") ==
              "t.yaml:13: (syntax): end of sequence not found");
@@ -406,6 +440,7 @@ BOOST_AUTO_TEST_CASE(spec_C38_C40_streaming_limits_have_defaults_and_ranges) {
 }
 
 BOOST_AUTO_TEST_CASE(spec_C49_C50_http2_keys_have_defaults_and_ranges) {
+  InSourceDir here;  // the TLS files below are named from the source directory
   const auto d = load(kBase);
   BOOST_TEST(d->listen.h2c);
   BOOST_TEST(d->limits.h2_max_concurrent_streams == 100u);
@@ -422,7 +457,9 @@ BOOST_AUTO_TEST_CASE(spec_C49_C50_http2_keys_have_defaults_and_ranges) {
   BOOST_TEST((d->listen.tls_alpn == std::vector<std::string>{"h2", "http/1.1"}));
   const auto tls = [&](const std::string& alpn) {
     return replace(kBase, "port: 0 }",
-                   "port: 0, tls: { cert: /dev/null, key: /dev/null" + alpn + " } }");
+                   "port: 0, tls: { cert: tests/data/config/tls/test.crt, key: "
+                   "tests/data/config/tls/test.key" +
+                       alpn + " } }");
   };
   BOOST_TEST(
       (load(tls(", alpn: [http/1.1]"))->listen.tls_alpn == std::vector<std::string>{"http/1.1"}));
