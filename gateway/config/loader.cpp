@@ -298,32 +298,25 @@ std::string Loader::readable_file(const Field& f) const {
   return p.string();
 }
 
-std::string Loader::file_contents(const Field& f, std::size_t max_bytes) const {
-  const std::string path = readable_file(f);
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (!ec && size > max_bytes) {
-    fail(f, in_quotes(path) + " has " + std::to_string(size) + " bytes, more than the " +
-                std::to_string(max_bytes) + " such a file may have");
-  }
-  std::ifstream in(path, std::ios::binary);
-  std::string contents;
-  contents.resize(max_bytes + 1);
-  in.read(contents.data(), static_cast<std::streamsize>(contents.size()));
-  if (in.bad()) fail(f, "cannot read " + in_quotes(path));
-  contents.resize(static_cast<std::size_t>(in.gcount()));
-  if (contents.size() > max_bytes) {
-    fail(f, in_quotes(path) + " has more than the " + std::to_string(max_bytes) +
+Loader::FileContents Loader::file_contents(const Field& f, std::size_t max_bytes) const {
+  FileContents out{readable_file(f), {}};
+  std::ifstream in(out.path, std::ios::binary);
+  out.bytes.resize(max_bytes + 1);  // one more: a file that fills it is too large
+  in.read(out.bytes.data(), static_cast<std::streamsize>(out.bytes.size()));
+  if (in.bad()) fail(f, "cannot read " + in_quotes(out.path));
+  out.bytes.resize(static_cast<std::size_t>(in.gcount()));
+  if (out.bytes.size() > max_bytes) {
+    fail(f, in_quotes(out.path) + " has more than the " + std::to_string(max_bytes) +
                 " bytes such a file may have");
   }
-  return contents;
+  return out;
 }
 
 std::string Loader::pem_file(const Field& f, Pem kind) const {
   constexpr std::size_t kMaxPemBytes = 1024 * 1024;
-  const std::string contents = file_contents(f, kMaxPemBytes);
+  const FileContents file = file_contents(f, kMaxPemBytes);
   const std::unique_ptr<BIO, decltype(&BIO_free)> bio(
-      BIO_new_mem_buf(contents.data(), static_cast<int>(contents.size())), &BIO_free);
+      BIO_new_mem_buf(file.bytes.data(), static_cast<int>(file.bytes.size())), &BIO_free);
   bool found = false;
   if (bio && kind == Pem::certificate) {
     X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr);
@@ -338,10 +331,10 @@ std::string Loader::pem_file(const Field& f, Pem kind) const {
   }
   ERR_clear_error();
   if (!found) {
-    fail(f, in_quotes(readable_file(f)) + " holds no " +
+    fail(f, in_quotes(file.path) + " holds no " +
                 (kind == Pem::certificate ? "PEM certificate" : "unencrypted PEM private key"));
   }
-  return readable_file(f);
+  return file.path;
 }
 
 std::string Loader::ip_address(const Field& f) const {

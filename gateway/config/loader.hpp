@@ -110,8 +110,12 @@ class Loader {
   /// A file name resolved against the config file's directory: a regular file (or a link to
   /// one), readable now.
   std::string readable_file(const Field& f) const;
-  /// The contents of readable_file(f); fails when the file holds more than `max_bytes`.
-  std::string file_contents(const Field& f, std::size_t max_bytes) const;
+  /// readable_file(f) and the bytes it holds; fails when it holds more than `max_bytes`.
+  struct FileContents {
+    std::string path;
+    std::string bytes;
+  };
+  FileContents file_contents(const Field& f, std::size_t max_bytes) const;
   /// What a PEM file given as `f` must hold (checked with OpenSSL's PEM reader, as the TLS
   /// context that loads it later reads it).
   enum class Pem { certificate, private_key };

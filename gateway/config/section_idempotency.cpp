@@ -106,8 +106,9 @@ namespace {
 
 void read_secret(Loader& loader, const Field& f, Idempotency& out) {
   constexpr std::size_t kMaxSecretBytes = 64 * 1024;
-  out.upstream_key_secret_file = loader.readable_file(f);
-  std::string secret = loader.file_contents(f, kMaxSecretBytes);
+  auto file = loader.file_contents(f, kMaxSecretBytes);
+  out.upstream_key_secret_file = std::move(file.path);
+  std::string secret = std::move(file.bytes);
   // Editors add a final newline; it is not part of the key.
   while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
   if (secret.empty())
