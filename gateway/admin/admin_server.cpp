@@ -121,7 +121,8 @@ asio::awaitable<void> serve(tcp::socket socket, Stores stores,
                           {{"status", "error"}, {"detail", "try /healthz, /readyz or /metrics"}},
                           version);
     }
-    const bool keep_alive = req.keep_alive();
+    // The parser's verdict reads every Connection field line; the message's only the first.
+    const bool keep_alive = parser.keep_alive();
     res.keep_alive(keep_alive);
     res.prepare_payload();
     if (req.method() == bhttp::verb::head) {

@@ -84,6 +84,15 @@ BOOST_AUTO_TEST_CASE(spec_C30_healthz_and_readyz_answer_200_while_the_stores_ans
   BOOST_TEST(ready.status == 200u, e2e::describe(ready));
   BOOST_TEST(ready.body.find("\"ready\"") != std::string::npos, ready.body);
   BOOST_TEST(gateway.admin_get("/nothing").status == 404u);
+
+  // `close` in a second Connection field line ends the connection after the answer.
+  HttpConnection probe(e2e::kLoopback, gateway.admin_port(), 10s);
+  probe.send_raw(
+      "GET /healthz HTTP/1.1\r\nHost: admin\r\nConnection: x-a\r\n"
+      "Connection: close\r\n\r\n");
+  const auto closing = probe.read_response();
+  BOOST_TEST(closing.status == 200u, e2e::describe(closing));
+  BOOST_TEST(!closing.keep_alive, e2e::describe(closing));
 }
 
 BOOST_AUTO_TEST_CASE(spec_C31_metrics_count_the_outcomes_of_a_scripted_run) {
