@@ -5,10 +5,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <sstream>
-#include <system_error>
 #include <thread>
 
 #include "gateway/config/loader.hpp"
@@ -134,11 +132,7 @@ std::shared_ptr<const Config> load_config_from_string(const std::string& text,
 }
 
 std::shared_ptr<const Config> load_config(const std::string& path) {
-  // Before opening: a directory opens as a stream and reads as empty, a device may never end,
-  // and opening a FIFO waits for a writer.
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
+  if (detail::is_special_file(path))
     throw ConfigError(path, 1, "(file)", "cannot read: not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in)

@@ -283,16 +283,17 @@ std::vector<std::string> Loader::tokens(const Field& f, std::string_view what,
   return out;
 }
 
+bool is_special_file(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  return std::filesystem::exists(status) && !std::filesystem::is_regular_file(status);
+}
+
 std::string Loader::readable_file(const Field& f) const {
   const std::filesystem::path given(non_empty(f));
   const std::filesystem::path p =
       given.is_absolute() || base_dir_.empty() ? given : (base_dir_ / given).lexically_normal();
-  // Before opening: a directory opens as a stream and fails only at its first read, a device
-  // may never end, and opening a FIFO waits for a writer.
-  std::error_code ec;
-  const auto status = std::filesystem::status(p, ec);
-  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status))
-    fail(f, in_quotes(p.string()) + " is not a regular file");
+  if (is_special_file(p)) fail(f, in_quotes(p.string()) + " is not a regular file");
   std::ifstream in(p, std::ios::binary);
   if (!in) fail(f, "cannot read " + in_quotes(p.string()) + ": " + std::strerror(errno));
   return p.string();

@@ -23,6 +23,11 @@
 
 namespace idemgate::config::detail {
 
+/// Whether `path` names something other than a regular file (a directory, a device, a FIFO);
+/// false when it does not exist. Asked before opening: a directory opens as a stream and fails
+/// only at its first read, a device may never end, and opening a FIFO waits for a writer.
+bool is_special_file(const std::filesystem::path& path);
+
 inline constexpr std::uint64_t KiB = 1024;
 inline constexpr std::uint64_t MiB = 1024 * KiB;
 inline constexpr std::uint64_t GiB = 1024 * MiB;

@@ -59,6 +59,11 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr std::size_t kReadChunk = 4096;
+/// The bound of a connection's read buffer: a header section of max_header_bytes and room for a
+/// chunk-size line or trailer section beside it (Beast holds either whole before parsing it).
+std::size_t read_buffer_bytes(const Limits& limits) {
+  return limits.max_header_bytes + 4 * kReadChunk;
+}
 /// The first read of a connection (nginx's client_header_buffer_size): a request header of
 /// usual size fits it, and a connection that sends little (an idle one, a slow header: C54)
 /// holds no more; the buffer grows when a request needs it.
@@ -110,7 +115,7 @@ std::optional<Rejection> body_rejection(const boost::system::error_code& ec, con
   auto rejection = rejection_for(ec, limits);
   if (rejection && (ec == bhttp::error::header_limit || ec == bhttp::error::buffer_overflow)) {
     rejection->detail = "a chunk-size line or the trailer section exceeds the " +
-                        std::to_string(limits.max_header_bytes + 4 * kReadChunk) +
+                        std::to_string(read_buffer_bytes(limits)) +
                         "-byte read buffer (max_header_bytes + 16 KiB)";
   }
   return rejection;
@@ -294,7 +299,7 @@ template <class Stream>
 asio::awaitable<void> BasicSession<Stream>::run() {
   // Bounded: chunk extensions and trailer fields must fit in it along with the header section
   // (Beast holds a whole chunk-size line or trailer section in the buffer before parsing it).
-  beast::flat_buffer buffer{context_->config()->limits.max_header_bytes + 4 * kReadChunk};
+  beast::flat_buffer buffer{read_buffer_bytes(context_->config()->limits)};
   bool first = true;
   if constexpr (kTls) {
     lowest().expires_after(context_->config()->limits.header_read_timeout);
