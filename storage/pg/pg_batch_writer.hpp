@@ -10,6 +10,7 @@
 #include <string>
 
 #include "storage/pg/pg_pool.hpp"
+#include "storage/pg/pg_statement_batch.hpp"
 
 namespace idemgate::storage::pg {
 
@@ -52,12 +53,7 @@ struct RecordRow {
 /// already sent finish after the writer is destroyed; queued calls are not sent.
 class PgBatchWriter {
  public:
-  struct Options {
-    std::size_t max_batch = 256;  ///< rows per statement
-    /// Batches out at once, each on its own pooled connection. Two keep one batch collecting
-    /// while the other waits for its commit's WAL flush; more make batches smaller (bench/).
-    std::size_t max_in_flight = 2;
-  };
+  using Options = StatementBatch::Options;
 
   PgBatchWriter(boost::asio::any_io_executor executor, PgPool& pool, Options options);
   ~PgBatchWriter();
@@ -73,11 +69,9 @@ class PgBatchWriter {
   std::uint64_t batches_sent() const noexcept;
   std::uint64_t rows_sent() const noexcept;
 
-  /// The queue and counters, shared with the batches in flight (defined in the .cpp).
-  struct State;
-
  private:
-  std::shared_ptr<State> state_;
+  boost::asio::any_io_executor executor_;
+  StatementBatch batch_;
 };
 
 }  // namespace idemgate::storage::pg

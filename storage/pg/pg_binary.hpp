@@ -1,11 +1,15 @@
 #pragma once
 // Values of Postgres's binary wire format (big-endian, fixed sizes), decoded without libpq, so
-// that PgResult and the pure row decoders (pg_record_codec.hpp) share one definition.
+// that PgResult and the pure row decoders (pg_record_codec.hpp) share one definition; and the
+// array parameters the batched statements send (PgBatchWriter, PgBatchReader).
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <utility>
 
 namespace idemgate::storage::pg::binary {
 
@@ -55,5 +59,47 @@ inline std::optional<std::chrono::system_clock::time_point> timestamptz(
   if (*micros > last.count() || *micros < first.count()) return std::nullopt;
   return std::chrono::time_point_cast<Duration>(kPostgresEpoch + microseconds(*micros));
 }
+
+// Element type OIDs (pg_type.dat), checked by the server's array_recv.
+inline constexpr std::uint32_t kBoolOid = 16;
+inline constexpr std::uint32_t kByteaOid = 17;
+inline constexpr std::uint32_t kInt8Oid = 20;
+inline constexpr std::uint32_t kInt4Oid = 23;
+inline constexpr std::uint32_t kTextOid = 25;
+
+/// Appends the low `bytes` bytes of `value` to `out`, big-endian.
+inline void put_big_endian(std::string& out, std::uint64_t value, int bytes) {
+  for (int shift = (bytes - 1) * 8; shift >= 0; shift -= 8) {
+    out.push_back(static_cast<char>((value >> shift) & 0xff));
+  }
+}
+
+/// A one-dimensional array without NULLs in the binary wire format (array_send): dimensions,
+/// flags, element type, then per dimension its length and lower bound, then each element with
+/// its length. `count` elements must be appended with element() or element_be().
+class Array {
+ public:
+  Array(std::uint32_t element_oid, std::size_t count, std::size_t reserve) {
+    out_.reserve(20 + reserve + 4 * count);
+    put_big_endian(out_, 1, 4);  // dimensions
+    put_big_endian(out_, 0, 4);  // no NULLs
+    put_big_endian(out_, element_oid, 4);
+    put_big_endian(out_, count, 4);
+    put_big_endian(out_, 1, 4);  // lower bound
+  }
+  void element(std::string_view bytes) {
+    put_big_endian(out_, bytes.size(), 4);
+    out_.append(bytes);
+  }
+  void element_be(std::uint64_t value, int bytes) {
+    put_big_endian(out_, static_cast<std::uint64_t>(bytes), 4);
+    put_big_endian(out_, value, bytes);
+  }
+  /// The encoded array, for a binary parameter.
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
 
 }  // namespace idemgate::storage::pg::binary

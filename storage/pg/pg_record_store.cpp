@@ -20,6 +20,12 @@ constexpr Statement kFindLive{
     "SELECT route, fingerprint, status, headers, body, body_omitted, created_at, expires_at"
     " FROM idempotency_record WHERE id = $1 AND expires_at > now()"};
 
+// kFindLive for a batch of ids (PgBatchReader): the same columns, then the id.
+constexpr Statement kFindLiveBatch{
+    "idemgate_find_record_batch",
+    "SELECT route, fingerprint, status, headers, body, body_omitted, created_at, expires_at, id"
+    " FROM idempotency_record WHERE id = ANY($1::bytea[]) AND expires_at > now()"};
+
 // DO UPDATE … WHERE rather than DO NOTHING: an expired row still holds the id until the cleaner
 // deletes it, and must not block a new record (C24). A live row is left alone and no row is
 // returned (C36).
@@ -75,10 +81,10 @@ std::string bytes_of(const core::Sha256& digest) {
   return {reinterpret_cast<const char*>(digest.data()), digest.size()};
 }
 
-// One row of kFindLive.
+// One row of kFindLive or kFindLiveBatch (its first eight columns).
 boost::system::result<core::StoredRecord> read_record(const PgResult& rows, int row,
                                                       const core::Sha256& id) {
-  if (rows.columns() != 8) return store_errc::protocol;
+  if (rows.columns() < 8) return store_errc::protocol;
   RecordColumns columns;
   std::optional<std::string_view>* fields[] = {
       &columns.route, &columns.fingerprint,  &columns.status,     &columns.headers,
@@ -112,6 +118,14 @@ std::vector<Param> insert_params(const core::StoredRecord& record, std::chrono::
 
 asio::awaitable<boost::system::result<std::optional<core::StoredRecord>>> PgRecordStore::find(
     core::Sha256 id) {
+  if (lookups_) {
+    auto found = co_await lookups_->find(bytes_of(id), pool_.deadline());
+    if (!found) co_return found.error();
+    if (!found->rows) co_return std::optional<core::StoredRecord>{};
+    auto record = read_record(*found->rows, found->row, id);
+    if (!record) co_return record.error();
+    co_return std::optional<core::StoredRecord>(std::move(*record));
+  }
   std::vector<Param> params;
   params.push_back(Param::bytes(bytes_of(id)));
   auto rows = co_await pool_.execute(kFindLive, std::move(params));
@@ -126,6 +140,9 @@ PgRecordStore::PgRecordStore(PgPool& pool) : pool_(pool) {}
 
 PgRecordStore::PgRecordStore(PgPool& pool, asio::any_io_executor executor, Options options)
     : pool_(pool), options_(options) {
+  if (options_.batch_lookups) {
+    lookups_ = std::make_unique<PgBatchReader>(executor, pool_, kFindLiveBatch, options_.lookup);
+  }
   if (options_.group_commit) {
     batch_ = std::make_unique<PgBatchWriter>(std::move(executor), pool_, options_.batch);
   }

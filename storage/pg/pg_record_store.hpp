@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gateway/core/record_store.hpp"
+#include "storage/pg/pg_batch_reader.hpp"
 #include "storage/pg/pg_batch_writer.hpp"
 #include "storage/pg/pg_pool.hpp"
 
@@ -33,12 +34,17 @@ class PgRecordStore final : public core::RecordStore {
     bool group_commit = false;
     std::size_t batch_max_body = 64 * 1024;
     PgBatchWriter::Options batch;
+    /// Route find() through a PgBatchReader: concurrent lookups of this thread share one
+    /// statement (`WHERE id = ANY($1)`) and one round trip. Results and errors are find()'s.
+    bool batch_lookups = false;
+    PgBatchReader::Options lookup;
   };
 
-  /// Options with group_commit on and every other field at its default.
+  /// Options with group_commit and batch_lookups on and every other field at its default.
   static Options with_group_commit() {
     Options options;
     options.group_commit = true;
+    options.batch_lookups = true;
     return options;
   }
 
@@ -47,7 +53,8 @@ class PgRecordStore final : public core::RecordStore {
   PgRecordStore(PgPool& pool, boost::asio::any_io_executor executor, Options options);
   ~PgRecordStore() override;
 
-  /// `SELECT … WHERE id = $1 AND expires_at > now()`.
+  /// `SELECT … WHERE id = $1 AND expires_at > now()` (with batch_lookups: `id = ANY($1)` for
+  /// the lookups of one batch).
   boost::asio::awaitable<boost::system::result<std::optional<core::StoredRecord>>> find(
       core::Sha256 id) override;
 
@@ -84,6 +91,8 @@ class PgRecordStore final : public core::RecordStore {
 
   /// The group-commit writer, or nullptr when Options::group_commit is off.
   const PgBatchWriter* batch_writer() const noexcept { return batch_.get(); }
+  /// The lookup batcher, or nullptr when Options::batch_lookups is off.
+  const PgBatchReader* batch_reader() const noexcept { return lookups_.get(); }
 
  private:
   boost::asio::awaitable<boost::system::result<core::InsertResult>> insert_one(
@@ -91,6 +100,7 @@ class PgRecordStore final : public core::RecordStore {
 
   PgPool& pool_;
   Options options_;
+  std::unique_ptr<PgBatchReader> lookups_;
   std::unique_ptr<PgBatchWriter> batch_;
 };
 

@@ -1,7 +1,7 @@
-// PgRecordStore with group commit (PgBatchWriter) against a real Postgres (IDEMGATE_PG_DSN; the
-// suite fails when it is not set): the RecordStore contract suite, plus the cases batching adds —
-// concurrent inserts share a statement, one id twice in a burst, per-call deadlines, a row the
-// database rejects failing alone.
+// PgRecordStore with group commit (PgBatchWriter) and batched lookups (PgBatchReader) against a
+// real Postgres (IDEMGATE_PG_DSN; the suite fails when it is not set): the RecordStore contract
+// suite, plus the cases batching adds — concurrent inserts and lookups share a statement, one
+// id twice in a burst, per-call deadlines, a row the database rejects failing alone.
 #define BOOST_TEST_MODULE record_store_batched_pg
 #include <libpq-fe.h>
 
@@ -40,6 +40,7 @@ PgRecordStore::Options group_commit() {
   PgRecordStore::Options options;
   options.group_commit = true;
   options.batch_max_body = 16 * 1024 * 1024;  // every contract case goes through the batch
+  options.batch_lookups = true;
   return options;
 }
 
@@ -50,6 +51,7 @@ struct PgBatchedBackend {
 
   core::RecordStore& store() { return records; }
   const storage::pg::PgBatchWriter& writer() const { return *records.batch_writer(); }
+  const storage::pg::PgBatchReader& reader() const { return *records.batch_reader(); }
 
   template <class T>
   T run(asio::awaitable<T> op) {
@@ -64,6 +66,12 @@ struct PgBatchedBackend {
   std::vector<boost::system::result<core::InsertResult>> insert_together(
       const std::vector<core::StoredRecord>& batch, std::chrono::milliseconds ttl) {
     return testing::insert_together(io, records, batch, ttl);
+  }
+
+  /// Starts every lookup at once on this thread and runs them all to completion.
+  std::vector<boost::system::result<std::optional<core::StoredRecord>>> find_together(
+      const std::vector<core::Sha256>& ids) {
+    return testing::find_together(io, records, ids);
   }
 
   asio::io_context io;
@@ -105,6 +113,41 @@ BOOST_AUTO_TEST_CASE(concurrent_inserts_of_one_thread_share_one_statement) {
     BOOST_TEST_REQUIRE(found->has_value());
     check_same_response(**found, record);
   }
+}
+
+BOOST_AUTO_TEST_CASE(concurrent_lookups_of_one_thread_share_one_statement_and_each_gets_its_row) {
+  PgBatchedBackend backend;
+  std::vector<idemgate::core::StoredRecord> stored;
+  for (int i = 0; i < 20; ++i) stored.push_back(sample_record("lookup-" + std::to_string(i)));
+  for (const auto& r : backend.insert_together(stored, kLongTtl)) {
+    BOOST_TEST_REQUIRE(r.has_value(), r.error().message());
+  }
+  // Stored and absent ids interleaved, one stored id asked twice.
+  std::vector<idemgate::core::Sha256> ids;
+  for (const auto& record : stored) {
+    ids.push_back(record.id);
+    ids.push_back(random_id());
+  }
+  ids.push_back(stored.front().id);
+
+  const auto found = backend.find_together(ids);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    BOOST_TEST_REQUIRE(found[i].has_value(), found[i].error().message());
+    if (i == ids.size() - 1) {
+      BOOST_TEST_REQUIRE(found[i]->has_value());
+      check_same_response(**found[i], stored.front());
+    } else if (i % 2 == 0) {
+      BOOST_TEST_REQUIRE(found[i]->has_value());
+      check_same_response(**found[i], stored[i / 2]);
+    } else {
+      BOOST_TEST(!found[i]->has_value());
+    }
+  }
+  // Started in one turn of the io loop: one statement per flusher that left at once, one more
+  // that collected behind them, and one for the id asked twice (never twice in one batch).
+  BOOST_TEST(backend.reader().lookups_sent() == ids.size());
+  BOOST_TEST(backend.reader().batches_sent() <=
+             idemgate::storage::pg::PgBatchReader::Options{}.max_in_flight + 2);
 }
 
 BOOST_AUTO_TEST_CASE(spec_C36_one_id_twice_in_a_burst_stores_one_record_and_returns_it_to_both) {

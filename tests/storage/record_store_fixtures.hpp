@@ -51,17 +51,16 @@ inline void run_to_completion(boost::asio::io_context& io, boost::asio::awaitabl
   if (!done) throw std::logic_error("operation did not complete");
 }
 
-/// Starts every insert of `batch` at once on `io` (with group commit they share statements) and
-/// runs them all to completion; the results in the order of `batch`.
-inline std::vector<boost::system::result<core::InsertResult>> insert_together(
-    boost::asio::io_context& io, core::RecordStore& store,
-    const std::vector<core::StoredRecord>& batch, std::chrono::milliseconds ttl) {
-  std::vector<std::optional<boost::system::result<core::InsertResult>>> outcomes(batch.size());
+/// Starts every one of `ops` at once on `io` (with group commit or batched lookups they share
+/// statements) and runs them all to completion; the results in the order of `ops`.
+template <class T>
+std::vector<T> run_together(boost::asio::io_context& io,
+                            std::vector<boost::asio::awaitable<T>> ops) {
+  std::vector<std::optional<T>> outcomes(ops.size());
   std::exception_ptr failure;
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    boost::asio::co_spawn(io, store.insert(batch[i], ttl),
-                          [&outcomes, &failure, i](std::exception_ptr e,
-                                                   boost::system::result<core::InsertResult> r) {
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    boost::asio::co_spawn(io, std::move(ops[i]),
+                          [&outcomes, &failure, i](std::exception_ptr e, T r) {
                             if (e) {
                               failure = e;
                             } else {
@@ -72,12 +71,29 @@ inline std::vector<boost::system::result<core::InsertResult>> insert_together(
   io.restart();
   io.run();
   if (failure) std::rethrow_exception(failure);
-  std::vector<boost::system::result<core::InsertResult>> results;
+  std::vector<T> results;
   for (auto& outcome : outcomes) {
-    if (!outcome) throw std::logic_error("insert did not complete");
+    if (!outcome) throw std::logic_error("operation did not complete");
     results.push_back(std::move(*outcome));
   }
   return results;
+}
+
+/// Every insert of `batch` at once (run_together).
+inline std::vector<boost::system::result<core::InsertResult>> insert_together(
+    boost::asio::io_context& io, core::RecordStore& store,
+    const std::vector<core::StoredRecord>& batch, std::chrono::milliseconds ttl) {
+  std::vector<boost::asio::awaitable<boost::system::result<core::InsertResult>>> ops;
+  for (const auto& record : batch) ops.push_back(store.insert(record, ttl));
+  return run_together(io, std::move(ops));
+}
+
+/// A lookup of every id of `ids` at once (run_together).
+inline std::vector<boost::system::result<std::optional<core::StoredRecord>>> find_together(
+    boost::asio::io_context& io, core::RecordStore& store, const std::vector<core::Sha256>& ids) {
+  std::vector<boost::asio::awaitable<boost::system::result<std::optional<core::StoredRecord>>>> ops;
+  for (const auto& id : ids) ops.push_back(store.find(id));
+  return run_together(io, std::move(ops));
 }
 
 /// A fresh random record id.
