@@ -123,6 +123,9 @@ class ThreadHandler final : public http::RequestHandler {
     options.max_connections = std::max<std::size_t>(1, (total + threads - 1) / threads);
     options.operation_timeout = config.storage.postgres.operation_timeout;
     options.prepared_statements = config.storage.postgres.prepared_statements;
+    // Requests look records up by id only (PgRecordStore): never a sequential scan, also in
+    // the first minute of an empty table, before autovacuum's first ANALYZE.
+    options.no_sequential_scans = true;
     options.tracker = std::move(tracker);
     return options;
   }

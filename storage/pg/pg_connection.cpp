@@ -72,10 +72,12 @@ constexpr int kBinaryResults = 1;
 }  // namespace
 
 PgConnection::PgConnection(asio::any_io_executor executor, std::string dsn,
-                           std::chrono::milliseconds statement_timeout, bool prepared_statements)
+                           std::chrono::milliseconds statement_timeout, bool prepared_statements,
+                           bool no_sequential_scans)
     : dsn_(std::move(dsn)),
       statement_timeout_(statement_timeout),
       prepared_statements_(prepared_statements),
+      no_sequential_scans_(no_sequential_scans),
       timer_(std::move(executor)) {}
 
 PgConnection::~PgConnection() {
@@ -190,7 +192,10 @@ asio::awaitable<boost::system::result<void>> PgConnection::open() {
   // silently replace.
   std::vector<Param> timeout;
   timeout.push_back(Param::text(std::to_string(statement_timeout_.count())));
-  auto set = co_await run_unprepared("SELECT set_config('statement_timeout', $1, false)",
+  auto set = co_await run_unprepared(no_sequential_scans_
+                                         ? "SELECT set_config('statement_timeout', $1, false),"
+                                           " set_config('enable_seqscan', 'off', false)"
+                                         : "SELECT set_config('statement_timeout', $1, false)",
                                      std::move(timeout));
   if (!set) {
     broken_ = true;

@@ -70,8 +70,14 @@ class PgConnection {
   /// `prepared_statements` false (SPEC C44, for PgBouncer's transaction pooling): execute() runs
   /// every Statement unnamed (PQsendQueryParams) and connect() sets no session state (no
   /// server-side statement_timeout then: the pooler's or the role's applies).
+  ///
+  /// `no_sequential_scans` (with prepared statements only): connect() also sets the session's
+  /// `enable_seqscan` off. For sessions that look rows up by key alone: the generic plan of a
+  /// prepared lookup made while its table is small is a sequential scan, and Postgres keeps it
+  /// while the table grows, until the next ANALYZE.
   PgConnection(boost::asio::any_io_executor executor, std::string dsn,
-               std::chrono::milliseconds statement_timeout, bool prepared_statements = true);
+               std::chrono::milliseconds statement_timeout, bool prepared_statements = true,
+               bool no_sequential_scans = false);
   ~PgConnection();
   PgConnection(const PgConnection&) = delete;
   PgConnection& operator=(const PgConnection&) = delete;
@@ -126,6 +132,7 @@ class PgConnection {
   std::string dsn_;
   std::chrono::milliseconds statement_timeout_;
   bool prepared_statements_ = true;
+  bool no_sequential_scans_ = false;
   boost::asio::steady_timer timer_;
   PGconn* conn_ = nullptr;
   std::optional<boost::asio::posix::stream_descriptor> socket_;

@@ -186,9 +186,9 @@ asio::awaitable<boost::system::result<PgPool::Lease>> PgPool::acquire(Deadline d
       ++pool->open;
       ++pool->connect_attempts;
       // Leased before connecting so that a failed or abandoned connect frees the slot.
-      Lease lease(pool, std::make_unique<PgConnection>(pool->executor, pool->options.dsn,
-                                                       pool->options.statement_timeout,
-                                                       pool->options.prepared_statements));
+      Lease lease(pool, std::make_unique<PgConnection>(
+                            pool->executor, pool->options.dsn, pool->options.statement_timeout,
+                            pool->options.prepared_statements, pool->options.no_sequential_scans));
       // Ended however the attempt ends, also by this coroutine being destroyed mid-connect:
       // the callers waiting for it must not wait for nothing.
       struct Attempt {

@@ -242,6 +242,42 @@ BOOST_AUTO_TEST_CASE(spec_C44_without_prepared_statements_a_session_keeps_no_sta
   }
 }
 
+// A prepared lookup's generic plan is made after its first executions: on a table that was
+// small then (a fresh deployment) it is a sequential scan, kept as the table grows until the
+// next ANALYZE. The request pools' sessions plan key lookups as index scans whatever the size.
+BOOST_AUTO_TEST_CASE(key_lookup_sessions_plan_an_index_scan_even_on_a_small_table) {
+  for (const bool no_sequential_scans : {false, true}) {
+    boost::asio::io_context io;
+    PgPool::Options options{pg_dsn(), 1, 5s, {}};
+    options.no_sequential_scans = no_sequential_scans;
+    PgPool pool(io.get_executor(), options);
+    // One connection, so one session: the temporary table is its own.
+    for (const char* sql :
+         {"CREATE TEMPORARY TABLE small_records (LIKE idempotency_record INCLUDING ALL)",
+          "INSERT INTO small_records (id, route, fingerprint, status, headers, body, expires_at)"
+          " VALUES (sha256('a'), 'r', sha256('b'), 200, '\\x01', '', now() + interval '1 hour')",
+          "ANALYZE small_records"}) {
+      auto done = run_to_completion(io, pool.query(sql, {}));
+      BOOST_TEST_REQUIRE(done.has_value(), done.error().message());
+    }
+    std::vector<Param> ids;
+    ids.push_back(Param::text("{\\\\x01,\\\\x03}"));  // two ids, neither stored
+    auto plan =
+        run_to_completion(io, pool.query("EXPLAIN SELECT route FROM small_records"
+                                         " WHERE id = ANY($1::bytea[]) AND expires_at > now()",
+                                         std::move(ids)));
+    BOOST_TEST_REQUIRE(plan.has_value(), plan.error().message());
+    std::string text;
+    for (int row = 0; row < plan->rows(); ++row) text += std::string(plan->bytes(row, 0)) + "\n";
+    if (no_sequential_scans) {
+      BOOST_TEST(text.find("Seq Scan") == std::string::npos, text);
+      BOOST_TEST(text.find("Index") != std::string::npos, text);
+    } else {
+      BOOST_TEST(text.find("Seq Scan") != std::string::npos, text);
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(connection_abandoned_mid_operation_is_discarded_not_reused) {
   PgBackend backend(1, 60s);
   const int pid_before = backend.backend_pid();
