@@ -15,16 +15,21 @@ namespace {
 namespace asio = boost::asio;
 using core::store_errc;
 
+// The lookups find rows by the primary key alone: the expiry test is written so that no index
+// on expires_at can serve it (`+ interval '0'`). With the request sessions' enable_seqscan off
+// (PgPool::Options::no_sequential_scans), the primary key is then the only plan, also for a
+// generic plan made while the table was empty; otherwise the planner may pick the expires_at
+// index there and keep walking every live row per lookup as the table grows.
 constexpr Statement kFindLive{
     "idemgate_find_record",
     "SELECT route, fingerprint, status, headers, body, body_omitted, created_at, expires_at"
-    " FROM idempotency_record WHERE id = $1 AND expires_at > now()"};
+    " FROM idempotency_record WHERE id = $1 AND expires_at + interval '0' > now()"};
 
 // kFindLive for a batch of ids (PgBatchReader): the same columns, then the id.
 constexpr Statement kFindLiveBatch{
     "idemgate_find_record_batch",
     "SELECT route, fingerprint, status, headers, body, body_omitted, created_at, expires_at, id"
-    " FROM idempotency_record WHERE id = ANY($1::bytea[]) AND expires_at > now()"};
+    " FROM idempotency_record WHERE id = ANY($1::bytea[]) AND expires_at + interval '0' > now()"};
 
 // DO UPDATE … WHERE rather than DO NOTHING: an expired row still holds the id until the cleaner
 // deletes it, and must not block a new record (C24). A live row is left alone and no row is

@@ -243,37 +243,47 @@ BOOST_AUTO_TEST_CASE(spec_C44_without_prepared_statements_a_session_keeps_no_sta
 }
 
 // A prepared lookup's generic plan is made after its first executions: on a table that was
-// small then (a fresh deployment) it is a sequential scan, kept as the table grows until the
-// next ANALYZE. The request pools' sessions plan key lookups as index scans whatever the size.
-BOOST_AUTO_TEST_CASE(key_lookup_sessions_plan_an_index_scan_even_on_a_small_table) {
-  for (const bool no_sequential_scans : {false, true}) {
-    boost::asio::io_context io;
-    PgPool::Options options{pg_dsn(), 1, 5s, {}};
-    options.no_sequential_scans = no_sequential_scans;
-    PgPool pool(io.get_executor(), options);
-    // One connection, so one session: the temporary table is its own.
-    for (const char* sql :
-         {"CREATE TEMPORARY TABLE small_records (LIKE idempotency_record INCLUDING ALL)",
-          "INSERT INTO small_records (id, route, fingerprint, status, headers, body, expires_at)"
-          " VALUES (sha256('a'), 'r', sha256('b'), 200, '\\x01', '', now() + interval '1 hour')",
-          "ANALYZE small_records"}) {
-      auto done = run_to_completion(io, pool.query(sql, {}));
-      BOOST_TEST_REQUIRE(done.has_value(), done.error().message());
-    }
-    std::vector<Param> ids;
-    ids.push_back(Param::text("{\\\\x01,\\\\x03}"));  // two ids, neither stored
-    auto plan =
-        run_to_completion(io, pool.query("EXPLAIN SELECT route FROM small_records"
-                                         " WHERE id = ANY($1::bytea[]) AND expires_at > now()",
-                                         std::move(ids)));
-    BOOST_TEST_REQUIRE(plan.has_value(), plan.error().message());
-    std::string text;
-    for (int row = 0; row < plan->rows(); ++row) text += std::string(plan->bytes(row, 0)) + "\n";
-    if (no_sequential_scans) {
-      BOOST_TEST(text.find("Seq Scan") == std::string::npos, text);
-      BOOST_TEST(text.find("Index") != std::string::npos, text);
-    } else {
-      BOOST_TEST(text.find("Seq Scan") != std::string::npos, text);
+// empty then (a fresh deployment) it is a sequential scan, or a walk of the expires_at index,
+// kept as the table grows until the next ANALYZE. The request pools' sessions plan both
+// lookups (one id, a batch of ids) on the primary key whatever the table's size.
+BOOST_AUTO_TEST_CASE(key_lookups_plan_the_primary_key_even_on_an_empty_table) {
+  struct Lookup {
+    bool batched;
+    const char* explain;
+  };
+  for (const Lookup lookup : {Lookup{false, "EXPLAIN EXECUTE idemgate_find_record('\\x00')"},
+                              Lookup{true, "EXPLAIN EXECUTE idemgate_find_record_batch('{}')"}}) {
+    for (const bool no_sequential_scans : {false, true}) {
+      boost::asio::io_context io;
+      PgPool::Options options{pg_dsn(), 1, 5s, {}};
+      options.no_sequential_scans = no_sequential_scans;
+      PgPool pool(io.get_executor(), options);
+      idemgate::storage::pg::PgRecordStore::Options store_options;
+      store_options.batch_lookups = lookup.batched;
+      idemgate::storage::pg::PgRecordStore store(pool, io.get_executor(), store_options);
+      // One connection, so one session: its temporary table hides the shared one, and the
+      // plan is the generic one, as after a statement's first five executions.
+      for (const char* sql :
+           {"CREATE TEMPORARY TABLE idempotency_record"
+            " (LIKE public.idempotency_record INCLUDING ALL)",
+            "ANALYZE pg_temp.idempotency_record", "SET plan_cache_mode = force_generic_plan"}) {
+        auto done = run_to_completion(io, pool.query(sql, {}));
+        BOOST_TEST_REQUIRE(done.has_value(), done.error().message());
+      }
+      auto found = run_to_completion(io, store.find(random_id()));  // prepares the lookup
+      BOOST_TEST_REQUIRE(found.has_value(), found.error().message());
+      BOOST_TEST(!found->has_value());
+      auto plan = run_to_completion(io, pool.query(lookup.explain, {}));
+      BOOST_TEST_REQUIRE(plan.has_value(), plan.error().message());
+      std::string text;
+      for (int row = 0; row < plan->rows(); ++row) text += std::string(plan->bytes(row, 0)) + "\n";
+      if (no_sequential_scans) {
+        BOOST_TEST(text.find("idempotency_record_pkey") != std::string::npos, text);
+        BOOST_TEST(text.find("Seq Scan") == std::string::npos, text);
+        BOOST_TEST(text.find("expires_at_idx") == std::string::npos, text);
+      } else {
+        BOOST_TEST(text.find("Seq Scan") != std::string::npos, text);
+      }
     }
   }
 }
