@@ -124,8 +124,9 @@ class ThreadHandler final : public http::RequestHandler {
     options.operation_timeout = config.storage.postgres.operation_timeout;
     options.prepared_statements = config.storage.postgres.prepared_statements;
     // Requests look records up by id only (PgRecordStore): never a sequential scan, also in
-    // the first minute of an empty table, before autovacuum's first ANALYZE.
-    options.no_sequential_scans = true;
+    // the first minute of an empty table, before autovacuum's first ANALYZE, and one generic
+    // plan per statement, a batch of ids included.
+    options.key_plans = true;
     options.tracker = std::move(tracker);
     return options;
   }

@@ -24,12 +24,13 @@ const KeyTable<Postgres>& postgres_keys() {
       duration_key("operation_timeout", &Postgres::operation_timeout, d, 10ms, 60s, "C25",
                    "every statement, connect included"),
       boolean_key("prepared_statements", &Postgres::prepared_statements, d, "C44",
-                  "`true`: named statements, and each request session sets `statement_timeout` "
-                  "and `enable_seqscan = off` (a lookup prepared while the table was empty stays "
-                  "on the primary key); `false`: unnamed statements only (each planned as it "
-                  "runs) and no session state, for PgBouncer with `pool_mode = transaction`; no "
-                  "per-session `statement_timeout` then (set one on the role, or PgBouncer's "
-                  "`query_timeout`)"),
+                  "`true`: named statements, and each request session sets `statement_timeout`, "
+                  "`enable_seqscan = off` (a lookup prepared while the table was empty stays on "
+                  "the primary key) and `plan_cache_mode = force_generic_plan` (a batch of keys "
+                  "is planned once; Postgres 12 or later); `false`: unnamed statements only "
+                  "(each planned as it runs) and no session state, for PgBouncer with "
+                  "`pool_mode = transaction`; no per-session `statement_timeout` then (set one "
+                  "on the role, or PgBouncer's `query_timeout`)"),
       integer_key(
           "max_pending", &Postgres::max_pending, d, 1, 1'000'000, "C54",
           "records waiting for their commit at once (each keyed request that may execute "

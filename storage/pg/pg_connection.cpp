@@ -73,11 +73,11 @@ constexpr int kBinaryResults = 1;
 
 PgConnection::PgConnection(asio::any_io_executor executor, std::string dsn,
                            std::chrono::milliseconds statement_timeout, bool prepared_statements,
-                           bool no_sequential_scans)
+                           bool key_plans)
     : dsn_(std::move(dsn)),
       statement_timeout_(statement_timeout),
       prepared_statements_(prepared_statements),
-      no_sequential_scans_(no_sequential_scans),
+      key_plans_(key_plans),
       timer_(std::move(executor)) {}
 
 PgConnection::~PgConnection() {
@@ -192,11 +192,13 @@ asio::awaitable<boost::system::result<void>> PgConnection::open() {
   // silently replace.
   std::vector<Param> timeout;
   timeout.push_back(Param::text(std::to_string(statement_timeout_.count())));
-  auto set = co_await run_unprepared(no_sequential_scans_
-                                         ? "SELECT set_config('statement_timeout', $1, false),"
-                                           " set_config('enable_seqscan', 'off', false)"
+  auto set =
+      co_await run_unprepared(key_plans_ ? "SELECT set_config('statement_timeout', $1, false),"
+                                           " set_config('enable_seqscan', 'off', false),"
+                                           " set_config('plan_cache_mode', 'force_generic_plan',"
+                                           " false)"
                                          : "SELECT set_config('statement_timeout', $1, false)",
-                                     std::move(timeout));
+                              std::move(timeout));
   if (!set) {
     broken_ = true;
     co_return set.error();

@@ -71,13 +71,16 @@ class PgConnection {
   /// every Statement unnamed (PQsendQueryParams) and connect() sets no session state (no
   /// server-side statement_timeout then: the pooler's or the role's applies).
   ///
-  /// `no_sequential_scans` (with prepared statements only): connect() also sets the session's
-  /// `enable_seqscan` off. For sessions that look rows up by key alone: the generic plan of a
-  /// prepared lookup made while its table is small is a sequential scan, and Postgres keeps it
-  /// while the table grows, until the next ANALYZE.
+  /// `key_plans` (with prepared statements only): connect() also sets the session's
+  /// `enable_seqscan` off and `plan_cache_mode` to `force_generic_plan` (Postgres 12 or later).
+  /// For sessions whose statements find rows by key alone: the generic plan of a prepared lookup
+  /// made while its table is small is a sequential scan, and Postgres keeps it while the table
+  /// grows, until the next ANALYZE; and a statement taking an array of keys (a batch) is
+  /// otherwise planned again at every execution, since the planner prices its custom plan for a
+  /// short array below the generic one.
   PgConnection(boost::asio::any_io_executor executor, std::string dsn,
                std::chrono::milliseconds statement_timeout, bool prepared_statements = true,
-               bool no_sequential_scans = false);
+               bool key_plans = false);
   ~PgConnection();
   PgConnection(const PgConnection&) = delete;
   PgConnection& operator=(const PgConnection&) = delete;
@@ -132,7 +135,7 @@ class PgConnection {
   std::string dsn_;
   std::chrono::milliseconds statement_timeout_;
   bool prepared_statements_ = true;
-  bool no_sequential_scans_ = false;
+  bool key_plans_ = false;
   boost::asio::steady_timer timer_;
   PGconn* conn_ = nullptr;
   std::optional<boost::asio::posix::stream_descriptor> socket_;

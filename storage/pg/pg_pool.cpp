@@ -188,7 +188,7 @@ asio::awaitable<boost::system::result<PgPool::Lease>> PgPool::acquire(Deadline d
       // Leased before connecting so that a failed or abandoned connect frees the slot.
       Lease lease(pool, std::make_unique<PgConnection>(
                             pool->executor, pool->options.dsn, pool->options.statement_timeout,
-                            pool->options.prepared_statements, pool->options.no_sequential_scans));
+                            pool->options.prepared_statements, pool->options.key_plans));
       // Ended however the attempt ends, also by this coroutine being destroyed mid-connect:
       // the callers waiting for it must not wait for nothing.
       struct Attempt {

@@ -56,10 +56,11 @@ class PgPool {
     /// a standby's promotion (SPEC C43).
     std::chrono::milliseconds reconnect_backoff_first{25};
     std::chrono::milliseconds reconnect_backoff_max{250};
-    /// Each connection's session gets `enable_seqscan = off` (with prepared_statements only;
-    /// see PgConnection): for a pool whose statements find rows by key, so that no prepared
-    /// lookup keeps a sequential scan planned while the table was small.
-    bool no_sequential_scans = false;
+    /// Each connection's session gets `enable_seqscan = off` and `plan_cache_mode =
+    /// force_generic_plan` (with prepared_statements only; see PgConnection): for a pool whose
+    /// statements find rows by key, so that no prepared lookup keeps a sequential scan planned
+    /// while the table was small and no batch of keys is planned again at each execution.
+    bool key_plans = false;
   };
 
   /// A connection on loan. Destroying the lease gives the connection back, or discards it when

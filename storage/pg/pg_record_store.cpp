@@ -17,7 +17,7 @@ using core::store_errc;
 
 // The lookups find rows by the primary key alone: the expiry test is written so that no index
 // on expires_at can serve it (`+ interval '0'`). With the request sessions' enable_seqscan off
-// (PgPool::Options::no_sequential_scans), the primary key is then the only plan, also for a
+// (PgPool::Options::key_plans), the primary key is then the only plan, also for a
 // generic plan made while the table was empty; otherwise the planner may pick the expires_at
 // index there and keep walking every live row per lookup as the table grows.
 constexpr Statement kFindLive{
