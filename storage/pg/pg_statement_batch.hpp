@@ -67,10 +67,12 @@ class StatementBatch {
  public:
   struct Options {
     std::size_t max_batch = 256;  ///< items per statement
-    /// Statements out at once, each on its own pooled connection. Two keep one batch collecting
-    /// while the other waits (for an insert: its commit's WAL flush); more make batches smaller
-    /// (bench/).
-    std::size_t max_in_flight = 2;
+    /// Statements out at once, each on its own pooled connection. With one, the next batch
+    /// collects for as long as the statement out takes (for an insert: its commit's WAL
+    /// flush); each one more makes batches smaller and costs Postgres a statement, a commit
+    /// and a wake-up per smaller batch: two gave a quarter fewer new keys a second than one,
+    /// four fewer still (bench/RESULTS.md).
+    std::size_t max_in_flight = 1;
   };
   using Items = std::vector<std::shared_ptr<BatchItem>>;
   /// Sends `items` (at least one, no id twice) as one statement by `until`, the latest of their
