@@ -74,15 +74,14 @@ asio::awaitable<void> send_lookups(PgPool& pool, Statement statement,
 
 PgBatchReader::PgBatchReader(asio::any_io_executor executor, PgPool& pool, Statement statement,
                              Options options)
-    : executor_(executor),
-      batch_(std::move(executor), options,
+    : batch_(std::move(executor), options,
              [pool = &pool, statement](const StatementBatch::Items& items, Deadline until) {
                return send_lookups(*pool, statement, items, until);
              }) {}
 
 asio::awaitable<boost::system::result<FoundRow>> PgBatchReader::find(std::string id,
                                                                      Deadline deadline) {
-  auto item = std::make_shared<LookupItem>(executor_, std::move(id), deadline);
+  auto item = std::make_shared<LookupItem>(batch_.executor(), std::move(id), deadline);
   if (!co_await batch_.submit(item)) co_return core::store_errc::timed_out;
   co_return std::move(*item->outcome);
 }

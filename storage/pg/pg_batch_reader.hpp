@@ -48,7 +48,6 @@ class PgBatchReader {
   std::uint64_t lookups_sent() const noexcept;
 
  private:
-  boost::asio::any_io_executor executor_;
   StatementBatch batch_;
 };
 

@@ -139,8 +139,7 @@ asio::awaitable<void> send_batch(PgPool& pool, const StatementBatch::Items& batc
 }  // namespace
 
 PgBatchWriter::PgBatchWriter(asio::any_io_executor executor, PgPool& pool, Options options)
-    : executor_(executor),
-      batch_(std::move(executor), options,
+    : batch_(std::move(executor), options,
              [pool = &pool](const StatementBatch::Items& items, Deadline until) {
                return send_batch(*pool, items, until);
              }) {}
@@ -149,7 +148,7 @@ PgBatchWriter::~PgBatchWriter() = default;
 
 asio::awaitable<boost::system::result<bool>> PgBatchWriter::insert(RecordRow row,
                                                                    Deadline deadline) {
-  auto item = std::make_shared<InsertItem>(executor_, std::move(row), deadline);
+  auto item = std::make_shared<InsertItem>(batch_.executor(), std::move(row), deadline);
   if (!co_await batch_.submit(item)) co_return store_errc::timed_out;
   // Moved, not copied: a non-const lvalue would pick result<bool>'s explicit converting
   // constructor (bool from has_value()) over the copy constructor.

@@ -70,7 +70,6 @@ class PgBatchWriter {
   std::uint64_t rows_sent() const noexcept;
 
  private:
-  boost::asio::any_io_executor executor_;
   StatementBatch batch_;
 };
 

@@ -131,6 +131,10 @@ asio::awaitable<bool> StatementBatch::submit(std::shared_ptr<BatchItem> item) {
   co_return item->settled();
 }
 
+const asio::any_io_executor& StatementBatch::executor() const noexcept {
+  return state_->executor;
+}
+
 std::uint64_t StatementBatch::batches_sent() const noexcept {
   return state_->batches;
 }

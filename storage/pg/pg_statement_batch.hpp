@@ -88,6 +88,9 @@ class StatementBatch {
   /// passed (false). A caller that stops waiting leaves the item abandoned.
   boost::asio::awaitable<bool> submit(std::shared_ptr<BatchItem> item);
 
+  /// The io thread's executor the batch runs on (for the items' timers).
+  const boost::asio::any_io_executor& executor() const noexcept;
+
   /// Statements sent so far, and the items they carried (for tests and the benchmark).
   std::uint64_t batches_sent() const noexcept;
   std::uint64_t items_sent() const noexcept;
