@@ -159,8 +159,8 @@ BOOST_AUTO_TEST_CASE(spec_C36_one_id_twice_in_a_burst_stores_one_record_and_retu
   const auto results = backend.insert_together({first, second}, kLongTtl);
   BOOST_TEST_REQUIRE(results[0].has_value(), results[0].error().message());
   BOOST_TEST_REQUIRE(results[1].has_value(), results[1].error().message());
-  // The two never share a statement, and with batches in flight on two connections either may
-  // reach Postgres first: exactly one is stored, and the other caller gets that one back.
+  // The two never share a statement, and which batch reaches Postgres first is not part of the
+  // contract: exactly one is stored, and the other caller gets that one back.
   BOOST_TEST_REQUIRE(results[0]->inserted != results[1]->inserted);
   const std::size_t loser = results[0]->inserted ? 1 : 0;
   BOOST_TEST_REQUIRE(results[loser]->existing.has_value());
