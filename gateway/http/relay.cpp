@@ -220,27 +220,33 @@ std::optional<std::size_t> whole_body_read(const StreamResponseParser& parser,
   return static_cast<std::size_t>(*length);
 }
 
-/// Writes `header` and the first `length` bytes of `buffer` (the whole body) in one write within
-/// `timeout`, the head rendered into `scratch`; consumes those bytes. The serializer writes a
-/// head that does not fit `scratch`.
+/// Writes `header` and `body`: the head rendered into `scratch` and sent with the body in one
+/// write; what the socket does not take at once follows piece by piece, each within `timeout`.
+/// The serializer writes a head that does not fit `scratch`.
 asio::awaitable<error_code> write_whole(ByteStream client, const bhttp::response_header<>& header,
-                                        beast::flat_buffer& buffer, std::size_t length,
-                                        StreamBuffer& scratch, Duration timeout) {
-  std::size_t head_size = render_head(header, scratch.data(), scratch.size());
-  client.tcp().expires_after(timeout);
+                                        asio::const_buffer body, StreamBuffer& scratch,
+                                        Duration timeout) {
+  const std::size_t head_size = render_head(header, scratch.data(), scratch.size());
   if (head_size == 0) {
+    client.tcp().expires_after(timeout);
     bhttp::response<bhttp::empty_body> head_only{header};
     bhttp::response_serializer<bhttp::empty_body> sr{head_only};
     auto [ec, n] = co_await bhttp::async_write_header(client, sr, use_nothrow);
     if (ec) co_return ec;
   }
-  const std::array<asio::const_buffer, 2> message{asio::buffer(scratch.data(), head_size),
-                                                  asio::buffer(buffer.data().data(), length)};
+  const std::array<asio::const_buffer, 2> message{asio::buffer(scratch.data(), head_size), body};
   error_code ec;
   const std::size_t sent = client.write_now(message, ec);
-  if (!ec && sent < head_size + length) ec = co_await write_rest(client, message, sent);
-  buffer.consume(length);
-  co_return ec;
+  if (ec) co_return ec;
+  beast::buffers_suffix<std::array<asio::const_buffer, 2>> rest(message);
+  rest.consume(sent);
+  while (beast::buffer_bytes(rest) > 0) {
+    client.tcp().expires_after(timeout);
+    auto [wec, n] = co_await client.async_write_some(rest, use_nothrow);
+    if (wec) co_return wec;
+    rest.consume(n);
+  }
+  co_return error_code{};
 }
 
 /// Writes the header `rs` serializes, then `prefix` (body bytes read already), then the rest of
@@ -486,7 +492,9 @@ asio::awaitable<void> respond(RelayState& x, Duplex& d) {
   if (const auto whole = whole_body_read(rparser, d.ubuf, in.head)) {
     // The usual answer: its body (if any) came with the header. The head is rendered and goes
     // out with the body in one write.
-    ec = co_await write_whole(in.client, res.base(), d.ubuf, *whole, down, limits.idle_timeout);
+    ec = co_await write_whole(in.client, res.base(), asio::buffer(d.ubuf.data().data(), *whole),
+                              down, limits.idle_timeout);
+    d.ubuf.consume(*whole);
     if (ec) note_cut(out, "writing the response failed: " + ec.message());
   } else {
     bhttp::response_serializer<bhttp::buffer_body> rs{res};
@@ -717,6 +725,13 @@ void upstream_failed(RelayState& x, bool reached) {
 }
 
 }  // namespace
+
+asio::awaitable<error_code> write_response(ByteStream client,
+                                           const bhttp::response_header<>& header,
+                                           asio::const_buffer body, const Limits& limits) {
+  StreamBuffer scratch(limits.stream_buffer);
+  co_return co_await write_whole(client, header, body, scratch, limits.idle_timeout);
+}
 
 asio::awaitable<TailOutcome> send_tail(ByteStream client, const bhttp::response_header<>& header,
                                        ResponseTail& tail, const Limits& limits) {

@@ -123,6 +123,14 @@ struct RelayOutcome {
 /// `request` and `outcome` belong to the caller and must outlive the awaitable.
 boost::asio::awaitable<void> relay(RelayRequest& request, RelayOutcome& outcome);
 
+/// Writes a held answer, `header` as the session finalised it (its framing included) and `body`
+/// whole: the head is rendered into a buffer of the thread's and goes out with the body in one
+/// write; what the socket does not take at once follows piece by piece, each within
+/// `limits.idle_timeout` (a slow but steady reader is not cut, C07). Returns the write's error.
+boost::asio::awaitable<boost::system::error_code> write_response(
+    ByteStream client, const boost::beast::http::response_header<>& header,
+    boost::asio::const_buffer body, const Limits& limits);
+
 /// How sending a response with a ResponseTail ended.
 struct TailOutcome {
   bool written = false;     ///< the whole response reached the client

@@ -541,18 +541,9 @@ asio::awaitable<bool> BasicSession<Stream>::write_answer(HandlerResult& result, 
                 {"request_id", request_id_}});
     }
   } else {
-    bhttp::response_serializer<bhttp::string_body> serializer{res};
-    const bool header_only = head && status_has_body(res.result_int());
-    while (!wec && !(header_only ? serializer.is_header_done() : serializer.is_done())) {
-      lowest().expires_after(limits.idle_timeout);
-      if (header_only) {
-        auto [ec, n] = co_await bhttp::async_write_header(stream_, serializer, use_nothrow);
-        wec = ec;
-      } else {
-        auto [ec, n] = co_await bhttp::async_write_some(stream_, serializer, use_nothrow);
-        wec = ec;
-      }
-    }
+    // finalize_response left no body for HEAD, 1xx, 204 and 304.
+    wec =
+        co_await write_response(ByteStream(stream_), res.base(), asio::buffer(res.body()), limits);
   }
   if (wec) keep_alive = false;
   co_return !wec;
