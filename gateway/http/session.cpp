@@ -687,6 +687,11 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
   }
   prepare_forwarded(header, client_ip_, kTls ? "https" : "http");
   context_->handler->strip_owned_fields(header);
+  // A list of equal lengths ("3, 3", or the field twice) is one length to the parser (RFC 9110
+  // §8.6) but not to every upstream: it goes out as the one value it stands for (C03).
+  if (const auto length = parser.content_length()) {
+    header.set(bhttp::field::content_length, std::to_string(*length));
+  }
 
   StreamRequestParser& streamed = streamed_parser_.emplace(std::move(parser));
   streamed.on_chunk_header(chunk_extension_check);  // RFC 9112 §7.1.1, C03

@@ -819,6 +819,31 @@ BOOST_AUTO_TEST_CASE(spec_C40_h2c_is_never_tunnelled_and_upgrade_is_stripped) {
   BOOST_TEST(upstream.counter("h2c_upgrades") == 0u);
 }
 
+BOOST_AUTO_TEST_CASE(spec_C03_a_list_of_equal_content_lengths_goes_upstream_as_one_value) {
+  StreamUpstream upstream;
+  Gateway gateway{stream_config(upstream, kDefaultLimits)};
+  // Accepted as one length (RFC 9110 §8.6); forwarded as received, an upstream that reads the
+  // list as no length would take the body for a request of its own.
+  for (const std::string lengths : {"Content-Length: 3, 3\r\n", "Content-Length: 3,3\r\n",
+                                    "Content-Length: 3\r\nContent-Length: 3\r\n"}) {
+    BOOST_TEST_CONTEXT(lengths) {
+      HttpConnection connection(kLoopback, gateway.port(), 10s);
+      connection.send_raw("POST /headers HTTP/1.1\r\nHost: gateway.test\r\n" + lengths +
+                          "Connection: close\r\n\r\nabc");
+      const HttpResponse res = connection.read_response();
+      BOOST_TEST_REQUIRE(res.status == 200u, gateway.explain(res));
+      std::vector<std::string> seen;
+      const json::value fields = json::parse(res.body);
+      for (const auto& field : fields.at("headers").as_array()) {
+        if (beast::iequals(field.as_array().at(0).as_string(), "Content-Length"))
+          seen.emplace_back(field.as_array().at(1).as_string());
+      }
+      const std::vector<std::string> one = {"3"};
+      BOOST_TEST(seen == one, boost::test_tools::per_element());
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(spec_C40_websocket_on_a_route_without_upgrade_is_not_tunnelled) {
   StreamUpstream upstream;
   Gateway gateway{stream_config(upstream, kDefaultLimits, true)};
