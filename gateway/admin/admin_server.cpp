@@ -16,6 +16,8 @@
 #include <boost/json/serialize.hpp>
 #include <exception>
 #include <future>
+#include <list>
+#include <memory>
 #include <tuple>
 
 #include "gateway/common/json_log.hpp"
@@ -50,6 +52,34 @@ constexpr auto kFirstBackoff = std::chrono::milliseconds(50);
 constexpr auto kMaxBackoff = std::chrono::milliseconds(1000);
 constexpr std::uint64_t kMaxRequestBody = 64 * 1024;
 
+/// Admin connections waiting for their next request (nothing of it read yet), oldest first.
+/// When the listener is full and a connection waits in its backlog, the oldest is closed to
+/// make room: a scraper's pool of kept-alive connections must not shut probes out (C30).
+class IdleConnections {
+ public:
+  struct Entry {
+    beast::tcp_stream* stream;
+    bool* listed;  ///< cleared when the entry is taken out by close_oldest
+  };
+  std::list<Entry>::iterator add(beast::tcp_stream& stream, bool& listed) {
+    listed = true;
+    return entries_.insert(entries_.end(), Entry{&stream, &listed});
+  }
+  void remove(std::list<Entry>::iterator entry) { entries_.erase(entry); }
+  /// Closes the connection idle longest (its pending read ends); false when none is idle.
+  bool close_oldest() {
+    if (entries_.empty()) return false;
+    Entry oldest = entries_.front();
+    entries_.pop_front();
+    *oldest.listed = false;
+    oldest.stream->close();
+    return true;
+  }
+
+ private:
+  std::list<Entry> entries_;
+};
+
 struct Stores {
   StoreChecker* checker;
   const std::atomic<bool>* draining;  ///< set when a drain began (C45)
@@ -81,7 +111,8 @@ asio::awaitable<ReadinessReport> check_readiness(Stores stores, bool with_checks
 }
 
 asio::awaitable<void> serve(tcp::socket socket, Stores stores,
-                            AdminServer::MetricsText* metrics_text) {
+                            AdminServer::MetricsText* metrics_text,
+                            std::shared_ptr<IdleConnections> idle) {
   beast::tcp_stream stream(std::move(socket));
   beast::flat_buffer buffer;
   for (;;) {
@@ -89,6 +120,15 @@ asio::awaitable<void> serve(tcp::socket socket, Stores stores,
     parser.body_limit(kMaxRequestBody);
     http::check_chunk_extensions(parser);
     stream.expires_after(kRequestTimeout);
+    if (buffer.size() == 0) {
+      // Idle until the request's first bytes: the listener may close it to make room.
+      bool listed = false;
+      const auto entry = idle->add(stream, listed);
+      auto [rec, got] = co_await stream.async_read_some(buffer.prepare(4096), use_nothrow);
+      if (listed) idle->remove(entry);
+      if (rec) break;
+      buffer.commit(got);
+    }
     auto [ec, n] = co_await bhttp::async_read_header(stream, buffer, parser, use_nothrow);
     if (ec) break;
     // The same body reader as the proxy's sessions: Beast 1.81's chunk-parser assertion is
@@ -144,10 +184,15 @@ asio::awaitable<void> accept_loop(tcp::acceptor* acceptor, Stores stores,
   // Bounded like the client listener (C52), so that a flood of the admin port cannot take the
   // descriptors kept for it; shared with the connections, which may outlive this loop.
   auto slots = std::make_shared<http::ConnectionGate>(kMaxConnections, "admin");
+  auto idle = std::make_shared<IdleConnections>();
   auto backoff = kFirstBackoff;
   for (;;) {
     if (!slots->try_take()) {
       slots->note_pause("max_connections");
+      // Full: once a connection waits in the backlog, an idle one makes room for it.
+      auto [wec] = co_await acceptor->async_wait(tcp::acceptor::wait_read, use_nothrow);
+      if (!acceptor->is_open()) co_return;
+      if (!wec) idle->close_oldest();
       asio::steady_timer pause(acceptor->get_executor(), kFullWait);
       co_await pause.async_wait(use_nothrow);
       if (!acceptor->is_open()) co_return;
@@ -167,7 +212,7 @@ asio::awaitable<void> accept_loop(tcp::acceptor* acceptor, Stores stores,
     }
     backoff = kFirstBackoff;
     asio::co_spawn(
-        acceptor->get_executor(), serve(std::move(socket), stores, metrics_text),
+        acceptor->get_executor(), serve(std::move(socket), stores, metrics_text, idle),
         [slots, log = common::log_on_exception("admin session failed")](std::exception_ptr e) {
           slots->give_back();
           log(e);

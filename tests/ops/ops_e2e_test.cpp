@@ -95,6 +95,28 @@ BOOST_AUTO_TEST_CASE(spec_C30_healthz_and_readyz_answer_200_while_the_stores_ans
   BOOST_TEST(!closing.keep_alive, e2e::describe(closing));
 }
 
+BOOST_AUTO_TEST_CASE(spec_C30_healthz_answers_while_a_scraper_pool_holds_every_admin_connection) {
+  TestUpstream upstream;
+  OpsGateway gateway(config_for(upstream, {route("all", "/", "off")}).render());
+  // The admin listener's 16 connections (conf/REFERENCE.md), each kept alive after an answer or
+  // open without a request: the oldest idle one makes room for a probe. Before, the probe
+  // waited for one of them to time out (10 s), past the probe's own timeout.
+  std::vector<std::unique_ptr<HttpConnection>> pool;
+  for (int i = 0; i < 16; ++i) {
+    pool.push_back(std::make_unique<HttpConnection>(e2e::kLoopback, gateway.admin_port(), 10s));
+    if (i % 2 == 0) {
+      const auto res = pool.back()->request({"GET", "/metrics", {}, ""});
+      BOOST_TEST_REQUIRE(res.status == 200u, e2e::describe(res));
+      BOOST_TEST_REQUIRE(res.keep_alive);
+    }
+  }
+  for (int probe = 0; probe < 3; ++probe) {
+    HttpConnection connection(e2e::kLoopback, gateway.admin_port(), 5s);
+    const auto health = connection.request({"GET", "/healthz", {}, ""});
+    BOOST_TEST(health.status == 200u, e2e::describe(health));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(spec_C31_metrics_count_the_outcomes_of_a_scripted_run) {
   TestUpstream upstream;
   OpsGateway gateway(
