@@ -66,14 +66,13 @@ class IdleConnections {
     return entries_.insert(entries_.end(), Entry{&stream, &listed});
   }
   void remove(std::list<Entry>::iterator entry) { entries_.erase(entry); }
-  /// Closes the connection idle longest (its pending read ends); false when none is idle.
-  bool close_oldest() {
-    if (entries_.empty()) return false;
+  /// Closes the connection idle longest (its pending read ends), if one is idle.
+  void close_oldest() {
+    if (entries_.empty()) return;
     Entry oldest = entries_.front();
     entries_.pop_front();
     *oldest.listed = false;
     oldest.stream->close();
-    return true;
   }
 
  private:

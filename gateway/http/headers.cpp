@@ -258,15 +258,10 @@ std::size_t render_head(const bhttp::response_header<>& header, char* out, std::
                          static_cast<char>('0' + code / 10 % 10),
                          static_cast<char>('0' + code % 10), ' '};
   w.put({status, sizeof status});
-  const std::string_view reason(header.reason().data(), header.reason().size());
   // Beast's reason() falls back to the status's standard phrase, and to a placeholder for a
   // status without one: that becomes no phrase, which RFC 9112 §4 allows.
-  if (reason.empty()) {
-    const auto standard = bhttp::obsolete_reason(static_cast<bhttp::status>(code));
-    if (standard != kUnknownReason) w.put({standard.data(), standard.size()});
-  } else if (reason != kUnknownReason) {
-    w.put(reason);
-  }
+  const std::string_view reason(header.reason().data(), header.reason().size());
+  if (reason != kUnknownReason) w.put(reason);
   w.put("\r\n");
   return w.fields_and_end(header);
 }

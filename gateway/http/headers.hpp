@@ -67,9 +67,9 @@ void finalize_answer(boost::beast::http::response<boost::beast::http::string_bod
 
 /// Writes the bytes HTTP/1.1 puts on the wire for `header` (RFC 9112 §2.1) into [out, out +
 /// capacity): the status line (the reason phrase as received, else the status's standard one,
-/// else none),
-/// every field as it is, in order, and the empty line; the bytes Beast's serializer writes for it.
-/// Returns their count, or 0 when they do not fit (the caller then serializes as usual).
+/// else none), every field as it is, in order, and the empty line; the bytes Beast's serializer
+/// writes for it, but for a status without a standard phrase. Returns their count, or 0 when
+/// they do not fit (the caller then serializes as usual).
 std::size_t render_head(const boost::beast::http::response_header<>& header, char* out,
                         std::size_t capacity);
 /// The same for a request: the request line (method, target, version), the fields, the empty line.
