@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "gateway/config/loader.hpp"
+#include "gateway/http/router.hpp"
 
 namespace idemgate::config::detail {
 
@@ -14,7 +15,8 @@ const KeyTable<Route>& route_keys() {
       custom_key<Route>("match.path_prefix", "string", "none",
                         "starts with `/`; no spaces, `?` or `#`", "C01",
                         "exactly one of `path_prefix` and `path` is required (`path_prefix: /` "
-                        "matches everything)"),
+                        "matches everything); compared with the request's normalized path (see "
+                        "\"Route matching\")"),
       custom_key<Route>("match.path", "string", "none", "same syntax as `path_prefix`", "C01",
                         "the exact path"),
       custom_key<Route>("match.host", "host name", "any", "no port", "C01",
@@ -49,6 +51,14 @@ void read_match(Loader& loader, const Field& f, Match& out) {
         loader.fail(v,
                     "must be a plain path without spaces, query or fragment, got " + in_quotes(p));
       }
+    }
+    // Requests are matched in normal form (router.hpp): a path in another form matches nothing.
+    std::string scratch;
+    if (const auto normal = http::normalized_path(p, scratch); normal != p) {
+      loader.fail(v,
+                  "must be in normal form (no \"//\", \".\" or \"..\" segments, no escaped "
+                  "letters, digits or -._~), write " +
+                      in_quotes(std::string(normal)) + " for " + in_quotes(p));
     }
     return p;
   };

@@ -30,10 +30,76 @@ bool method_matches(const std::vector<std::string>& methods, std::string_view me
   return methods.empty() || std::find(methods.begin(), methods.end(), method) != methods.end();
 }
 
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+bool unreserved(char c) {  // RFC 3986 §2.3
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+         c == '.' || c == '_' || c == '~';
+}
+
+bool needs_normalizing(std::string_view path) {
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    if (path[i] == '%') return true;
+    if (path[i] == '/' && i + 1 < path.size() && (path[i + 1] == '/' || path[i + 1] == '.'))
+      return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+std::string_view normalized_path(std::string_view path, std::string& scratch) {
+  if (!path.starts_with('/') || !needs_normalizing(path)) return path;
+  // Unreserved characters decoded first, so that `%2e%2E` is a `..` segment.
+  std::string decoded;
+  decoded.reserve(path.size());
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    const int hi = path[i] == '%' && i + 2 < path.size() ? hex_value(path[i + 1]) : -1;
+    const int lo = hi >= 0 ? hex_value(path[i + 2]) : -1;
+    if (lo < 0) {
+      decoded.push_back(path[i]);
+      continue;
+    }
+    const char c = static_cast<char>(hi * 16 + lo);
+    if (unreserved(c)) {
+      decoded.push_back(c);
+    } else {
+      constexpr std::string_view kHex = "0123456789ABCDEF";
+      decoded += {'%', kHex[static_cast<std::size_t>(hi)], kHex[static_cast<std::size_t>(lo)]};
+    }
+    i += 2;
+  }
+  // Segments between slashes; empty ones (a run of `/`) and `.` vanish, `..` takes one back.
+  scratch.clear();
+  std::size_t at = 1;          // after the leading `/`
+  bool ends_in_slash = false;  // the last segment is empty, `.` or `..`: the path ends in `/`
+  while (at <= decoded.size()) {
+    std::size_t end = decoded.find('/', at);
+    if (end == std::string::npos) end = decoded.size();
+    const std::string_view segment(decoded.data() + at, end - at);
+    if (segment == "..") {
+      const auto cut = scratch.rfind('/');
+      scratch.resize(cut == std::string::npos ? 0 : cut);
+    } else if (!segment.empty() && segment != ".") {
+      scratch += '/';
+      scratch += segment;
+    }
+    ends_in_slash = segment.empty() || segment == "." || segment == "..";
+    at = end + 1;
+  }
+  if (scratch.empty() || ends_in_slash) scratch += '/';
+  return scratch;
+}
 
 const Route* match(const ProxyConfig& config, std::string_view host, std::string_view path,
                    std::string_view method) {
+  std::string scratch;
+  path = normalized_path(path, scratch);
   // The host part is cut out of the authority only once a route names a host.
   std::optional<std::string_view> name;
   for (const auto& route : config.routes) {

@@ -315,6 +315,28 @@ BOOST_AUTO_TEST_CASE(spec_C10_required_route_without_key_gets_400_and_upstream_i
   BOOST_TEST(upstream.count("/pay") == 1u);
 }
 
+BOOST_AUTO_TEST_CASE(spec_C10_a_required_route_spelled_another_way_still_requires_its_key) {
+  // An upstream resolves `/%70ay`, `//pay` and `/x/../pay` to `/pay`: so does the router, and
+  // none of them reaches the catch-all route unprotected.
+  TestUpstream upstream;
+  GatewayConfig config;
+  config.upstreams = {{"up", {upstream.address()}}};
+  config.routes = {route("pay", "/pay", "up", "required"), route("rest", "/", "up", "off")};
+  Gateway gateway(config);
+
+  for (const std::string path : {"/%70ay", "//pay", "/x/../pay", "/x/%2E%2e/pay"}) {
+    const HttpResponse res = gateway.send(keyed_post(path, std::nullopt, R"({"a":1})"));
+    BOOST_TEST(is_problem(res, 400), path << ": " << describe(res));
+    BOOST_TEST(upstream.count(path) == 0u, path);
+  }
+  const std::string key = unique_name("c10-spelled");
+  const HttpResponse first = gateway.send(keyed_post("/%70ay", key, R"({"a":1})"));
+  const HttpResponse again = gateway.send(keyed_post("/%70ay", key, R"({"a":1})"));
+  BOOST_TEST(first.status == 201u, describe(first));
+  BOOST_TEST(replayed(again), describe(again));
+  BOOST_TEST(upstream.count("/%70ay") == 1u);
+}
+
 BOOST_AUTO_TEST_CASE(spec_C11_optional_route_forwards_keyless_requests_and_off_forwards_all) {
   TestUpstream upstream;
   GatewayConfig config;

@@ -608,6 +608,14 @@ BOOST_AUTO_TEST_CASE(match_needs_exactly_one_of_path_and_path_prefix) {
              "all)");
   BOOST_TEST(error_of(replace(kBase, "{ path_prefix: / }", "{ path_prefix: api }")) ==
              "t.yaml:8: routes[0].match.path_prefix: must start with \"/\", got \"api\"");
+  BOOST_TEST(error_of(replace(kBase, "{ path_prefix: / }", "{ path_prefix: /a//%70ay/./ }")) ==
+             "t.yaml:8: routes[0].match.path_prefix: must be in normal form (no \"//\", \".\" or "
+             "\"..\" segments, no escaped letters, digits or -._~), write \"/a/pay/\" for "
+             "\"/a//%70ay/./\"");
+  BOOST_TEST(error_of(replace(kBase, "{ path_prefix: / }", "{ path: /x/../health }")) ==
+             "t.yaml:8: routes[0].match.path: must be in normal form (no \"//\", \".\" or "
+             "\"..\" segments, no escaped letters, digits or -._~), write \"/health\" for "
+             "\"/x/../health\"");
   BOOST_TEST(error_of(replace(kBase, "{ path_prefix: / }", "{ path: /, host: \"a.com:80\" }")) ==
              "t.yaml:8: routes[0].match.host: expected a host name without port, optionally "
              "\"*.\" first, got \"a.com:80\"");

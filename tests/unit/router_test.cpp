@@ -103,3 +103,44 @@ BOOST_AUTO_TEST_CASE(target_path_drops_query_and_reads_absolute_form) {
   BOOST_TEST(target_path("http://h.example?x=/y") == "/");
   BOOST_TEST(target_path("*") == "*");
 }
+
+namespace {
+std::string normal(std::string_view path) {
+  std::string scratch;
+  return std::string(idemgate::http::normalized_path(path, scratch));
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(normalized_path_decodes_unreserved_merges_slashes_and_removes_dot_segments) {
+  BOOST_TEST(normal("/payments/1") == "/payments/1");
+  BOOST_TEST(normal("/%70ayments") == "/payments");
+  BOOST_TEST(normal("/%70%41%2d%2E%5f%7E") == "/pA-._~");
+  BOOST_TEST(normal("/a%2fb%3F") == "/a%2Fb%3F");  // reserved: kept, hex upper-cased
+  BOOST_TEST(normal("/a%zz%4") == "/a%zz%4");      // not an escape: kept as given
+  BOOST_TEST(normal("//payments") == "/payments");
+  BOOST_TEST(normal("/a///b//") == "/a/b/");
+  BOOST_TEST(normal("/./payments") == "/payments");
+  BOOST_TEST(normal("/orders/../payments") == "/payments");
+  BOOST_TEST(normal("/orders/%2e%2E/payments") == "/payments");
+  BOOST_TEST(normal("/../../payments") == "/payments");
+  BOOST_TEST(normal("/a/b/..") == "/a/");
+  BOOST_TEST(normal("/a/.") == "/a/");
+  BOOST_TEST(normal("/..") == "/");
+  BOOST_TEST(normal("/.well-known/x") == "/.well-known/x");
+  BOOST_TEST(normal("/a/..b/c.") == "/a/..b/c.");
+  BOOST_TEST(normal("*") == "*");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C01_routes_match_the_normalized_path_so_no_spelling_skips_a_route) {
+  http::ProxyConfig c;
+  c.routes.push_back(route("payments", "/payments", "", "", {"POST"}));
+  c.routes.push_back(route("exact", "", "/health"));
+  c.routes.push_back(route("catch_all", "/"));
+  for (const char* p : {"/%70ayments", "/%70ayments/1", "//payments", "/./payments",
+                        "/orders/../payments/1", "/x/%2e%2e/payments"}) {
+    BOOST_TEST(matched(c, "h", p, "POST") == "payments", p);
+  }
+  BOOST_TEST(matched(c, "h", "/h%65alth", "GET") == "exact");
+  BOOST_TEST(matched(c, "h", "/payment%73x", "POST") == "payments");   // still a plain prefix
+  BOOST_TEST(matched(c, "h", "/pay%2Fments", "POST") == "catch_all");  // `%2F` is no `/`
+}
