@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include <array>
 #include <boost/asio/co_spawn.hpp>
@@ -510,6 +511,32 @@ NoResponse no_response(const ResponseHead& got, const boost::system::error_code&
 /// The most a read of a response header asks for (Beast's own read size).
 constexpr std::size_t kResponseReadSize = 64 * 1024;
 
+namespace {
+
+// A status line without the SP after its code ("HTTP/1.1 200\r\n", which some small servers
+// send when they have no reason phrase) gets that SP, which Beast requires: nginx, curl and Go
+// read such a line as status 200, and so does the gateway. `buffer` starts at a response.
+// Returns false while the first line may still be of that form and has not all arrived.
+bool mend_status_line(beast::flat_buffer& buffer) {
+  constexpr std::size_t kCodeEnd = 12;  // "HTTP/1.1 200"
+  const auto* p = static_cast<const char*>(buffer.data().data());
+  const std::size_t n = buffer.size();
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  const std::string_view shape = "HTTP/d.d ddd";
+  for (std::size_t i = 0; i < std::min(n, kCodeEnd); ++i) {
+    if (shape[i] == 'd' ? !digit(p[i]) : p[i] != shape[i]) return true;  // not a short line
+  }
+  if (n <= kCodeEnd) return false;
+  if (p[kCodeEnd] != '\r' || n == buffer.max_size()) return true;
+  buffer.commit(asio::buffer_copy(buffer.prepare(1), asio::buffer(" ", 1)));
+  auto* q = static_cast<char*>(buffer.data().data());  // prepare() may have moved the bytes
+  std::memmove(q + kCodeEnd + 1, q + kCodeEnd, buffer.size() - kCodeEnd - 1);
+  q[kCodeEnd] = ' ';
+  return true;
+}
+
+}  // namespace
+
 asio::awaitable<ResponseHead> read_response_head(ByteStream stream, beast::flat_buffer& buffer,
                                                  std::unique_ptr<StreamResponseParser>& parser,
                                                  bool head, bool upgrade) {
@@ -520,7 +547,9 @@ asio::awaitable<ResponseHead> read_response_head(ByteStream stream, beast::flat_
     // As Beast's async_read_header, one read_some at a time on the stream itself: no composed
     // operation, and no read when the header came with the last one.
     boost::system::error_code ec;
+    bool line_mended = false;
     for (;;) {
+      if (!line_mended) line_mended = mend_status_line(buffer);
       if (const auto parsed = put_header(buffer, *parser)) {
         ec = *parsed;
         break;

@@ -168,6 +168,8 @@ class TestUpstream {
     if (name == "head")
       return "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 11\r\n\r\n";
     if (name == "nocontent") return "HTTP/1.1 204 No Content\r\nX-Done: 1\r\n\r\n";
+    if (name == "no-reason-sp")  // no SP after the code, as some small servers send it
+      return "HTTP/1.1 201\r\nContent-Length: 2\r\n\r\nok";
     if (name == "ka1")
       return "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=1\r\nContent-Length: 0\r\n\r\n";
     return "HTTP/1.1 418 I'm a teapot\r\nContent-Length: 0\r\n\r\n";
@@ -991,6 +993,17 @@ BOOST_FIXTURE_TEST_CASE(spec_C08_upstream_keep_alive_timeout_limits_pooling, Env
 
 // ---------------------------------------------------------------------------------------------
 // C09
+
+BOOST_FIXTURE_TEST_CASE(a_status_line_without_a_space_after_the_code_is_read_as_nginx_reads_it,
+                        Env) {
+  Client client(start());
+  for (int i = 0; i < 2; ++i) {  // the second on the pooled connection
+    const auto res = client.roundtrip(request("GET", "/u/no-reason-sp"));
+    BOOST_TEST(res.result_int() == 201u);
+    BOOST_TEST(res.body() == "ok");
+  }
+  BOOST_TEST(a.accepted() == 1);
+}
 
 BOOST_FIXTURE_TEST_CASE(spec_C09_upstream_error_response_reaches_the_client_unchanged, Env) {
   Client client(start());
