@@ -592,7 +592,10 @@ asio::awaitable<ResponseHead> read_response_head(ByteStream stream, beast::flat_
       out.refused = "the upstream sent status " + std::to_string(status) + ", under 100";
       co_return out;
     }
-    if (verdict == ResponseHeaderVerdict::final_response) co_return out;
+    if (verdict == ResponseHeaderVerdict::final_response) {
+      if (!head) out.refused = unsupported_transfer_coding(parser->get().base());
+      co_return out;
+    }
   }
 }
 

@@ -1,7 +1,10 @@
 #include "gateway/http/upstream_response.hpp"
 
 #include <boost/asio/error.hpp>
+#include <boost/beast/core/string.hpp>
 #include <boost/beast/http/error.hpp>
+#include <boost/beast/http/rfc7230.hpp>
+#include <iterator>
 #include <utility>
 
 #include "gateway/http/body_reader.hpp"
@@ -37,6 +40,21 @@ ResponseHeaderVerdict classify_response_header(unsigned status) {
   if (status == 101) return ResponseHeaderVerdict::refused;
   if (status >= 200) return ResponseHeaderVerdict::final_response;
   return ResponseHeaderVerdict::interim;  // 1xx interim responses are not forwarded
+}
+
+std::string unsupported_transfer_coding(const bhttp::response_header<>& header) {
+  const auto fields = header.count(bhttp::field::transfer_encoding);
+  if (fields == 0) return {};
+  const auto value = header[bhttp::field::transfer_encoding];
+  const bhttp::token_list codings(value);
+  const auto first = codings.begin();
+  if (fields == 1 && first != codings.end() && std::next(first) == codings.end() &&
+      boost::beast::iequals(*first, "chunked")) {
+    return {};
+  }
+  return "the upstream's response uses a transfer coding the gateway does not decode "
+         "(Transfer-Encoding: " +
+         std::string(value) + "); only chunked is supported";
 }
 
 namespace {

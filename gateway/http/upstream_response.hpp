@@ -51,6 +51,12 @@ enum class ResponseHeaderVerdict {
 };
 ResponseHeaderVerdict classify_response_header(unsigned status);
 
+/// Why the gateway cannot read the body of a final response whose header is `header`, or "" when
+/// it can: a `Transfer-Encoding` other than `chunked` alone (`gzip, chunked`, `gzip`, two
+/// fields). Relaying such a body decoded from chunked only would hand the client gzip bytes it
+/// has no sign of (RFC 9112 §6.1); nginx too answers 502 to it. Pure.
+std::string unsupported_transfer_coding(const boost::beast::http::response_header<>& header);
+
 /// A final response, read in full, as it is forwarded.
 struct UpstreamResponse {
   Response response;  ///< end-to-end fields only, HTTP/1.1, framed by Content-Length

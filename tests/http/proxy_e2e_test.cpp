@@ -168,6 +168,9 @@ class TestUpstream {
     if (name == "head")
       return "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 11\r\n\r\n";
     if (name == "nocontent") return "HTTP/1.1 204 No Content\r\nX-Done: 1\r\n\r\n";
+    if (name == "te-gzip")  // a transfer coding the gateway does not decode, under chunked
+      return "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, "
+             "chunked\r\n\r\n4\r\ngzip\r\n0\r\n\r\n";
     if (name == "no-reason-sp")  // no SP after the code, as some small servers send it
       return "HTTP/1.1 201\r\nContent-Length: 2\r\n\r\nok";
     if (name == "ka1")
@@ -795,6 +798,15 @@ BOOST_FIXTURE_TEST_CASE(spec_C05_upstream_closing_without_an_answer_is_502, Env)
   const auto res = client.roundtrip(request("POST", "/u/close", "", "x"));
   BOOST_TEST(res.result_int() == 502u);
   BOOST_TEST(problem_type(res) == "https://idemgate.dev/problems/upstream-failed");
+  BOOST_TEST(client.roundtrip(request("POST", "/u/echo", "", "again")).body() == "again");
+}
+
+BOOST_FIXTURE_TEST_CASE(spec_C03_an_upstream_transfer_coding_other_than_chunked_is_502, Env) {
+  Client client(start());
+  const auto res = client.roundtrip(request("GET", "/u/te-gzip"));
+  BOOST_TEST(res.result_int() == 502u);
+  BOOST_TEST(problem_type(res) == "https://idemgate.dev/problems/upstream-failed");
+  BOOST_TEST(res.body().find("Transfer-Encoding: gzip, chunked") != std::string::npos, res.body());
   BOOST_TEST(client.roundtrip(request("POST", "/u/echo", "", "again")).body() == "again");
 }
 

@@ -46,6 +46,24 @@ BOOST_AUTO_TEST_CASE(a_status_under_100_fails_the_exchange_instead_of_being_skip
   BOOST_TEST((http::classify_response_header(0) == Verdict::bad_status));
 }
 
+BOOST_AUTO_TEST_CASE(spec_C03_only_chunked_alone_is_a_transfer_coding_the_gateway_reads) {
+  const auto detail_for = [](std::initializer_list<std::string_view> values) {
+    boost::beast::http::response_header<> header;
+    for (const auto v : values) header.insert(boost::beast::http::field::transfer_encoding, v);
+    return http::unsupported_transfer_coding(header);
+  };
+  BOOST_TEST(detail_for({}).empty());
+  BOOST_TEST(detail_for({"chunked"}).empty());
+  BOOST_TEST(detail_for({"Chunked"}).empty());
+  BOOST_TEST(detail_for({"gzip, chunked"}) ==
+             "the upstream's response uses a transfer coding the gateway does not decode "
+             "(Transfer-Encoding: gzip, chunked); only chunked is supported");
+  BOOST_TEST(!detail_for({"gzip"}).empty());
+  BOOST_TEST(!detail_for({"chunked, chunked"}).empty());
+  BOOST_TEST(!detail_for({"gzip", "chunked"}).empty());
+  BOOST_TEST(!detail_for({""}).empty());
+}
+
 BOOST_AUTO_TEST_CASE(an_interim_response_ends_with_its_header) {
   http::ResponseParser parser;
   const std::string_view bytes =
