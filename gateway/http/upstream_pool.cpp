@@ -593,7 +593,8 @@ asio::awaitable<ResponseHead> read_response_head(ByteStream stream, beast::flat_
       co_return out;
     }
     if (verdict == ResponseHeaderVerdict::final_response) {
-      if (!head) out.refused = unsupported_transfer_coding(parser->get().base());
+      if (!head && status_has_body(status))
+        out.refused = unsupported_transfer_coding(parser->get().base());
       co_return out;
     }
   }

@@ -3,10 +3,9 @@
 #include <boost/asio/error.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/error.hpp>
-#include <boost/beast/http/rfc7230.hpp>
-#include <iterator>
 #include <utility>
 
+#include "gateway/common/ows.hpp"
 #include "gateway/http/body_reader.hpp"
 #include "gateway/http/headers.hpp"
 
@@ -46,12 +45,9 @@ std::string unsupported_transfer_coding(const bhttp::response_header<>& header) 
   const auto fields = header.count(bhttp::field::transfer_encoding);
   if (fields == 0) return {};
   const auto value = header[bhttp::field::transfer_encoding];
-  const bhttp::token_list codings(value);
-  const auto first = codings.begin();
-  if (fields == 1 && first != codings.end() && std::next(first) == codings.end() &&
-      boost::beast::iequals(*first, "chunked")) {
-    return {};
-  }
+  // Exactly `chunked`, as nginx takes it: a list parser would stop at junk after a first
+  // `chunked` (`chunked ;, gzip`) and read the field as `chunked` alone.
+  if (fields == 1 && boost::beast::iequals(common::trim_ows(value), "chunked")) return {};
   return "the upstream's response uses a transfer coding the gateway does not decode "
          "(Transfer-Encoding: " +
          std::string(value) + "); only chunked is supported";

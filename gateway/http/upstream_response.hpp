@@ -52,9 +52,10 @@ enum class ResponseHeaderVerdict {
 ResponseHeaderVerdict classify_response_header(unsigned status);
 
 /// Why the gateway cannot read the body of a final response whose header is `header`, or "" when
-/// it can: a `Transfer-Encoding` other than `chunked` alone (`gzip, chunked`, `gzip`, two
-/// fields). Relaying such a body decoded from chunked only would hand the client gzip bytes it
-/// has no sign of (RFC 9112 §6.1); nginx too answers 502 to it. Pure.
+/// it can: a `Transfer-Encoding` other than exactly `chunked` (any case, OWS around it) in one
+/// field (`gzip, chunked`, `gzip`, `chunked ;, gzip`, two fields). Relaying such a body decoded
+/// from chunked only would hand the client coded bytes it has no sign of (RFC 9112 §6.1); nginx
+/// too answers 502 to it. Only asked of responses that have a body (not HEAD, 204, 304). Pure.
 std::string unsupported_transfer_coding(const boost::beast::http::response_header<>& header);
 
 /// A final response, read in full, as it is forwarded.

@@ -62,6 +62,9 @@ BOOST_AUTO_TEST_CASE(spec_C03_only_chunked_alone_is_a_transfer_coding_the_gatewa
   BOOST_TEST(!detail_for({"chunked, chunked"}).empty());
   BOOST_TEST(!detail_for({"gzip", "chunked"}).empty());
   BOOST_TEST(!detail_for({""}).empty());
+  BOOST_TEST(detail_for({" CHUNKED\t"}).empty());
+  for (const auto junk : {"chunked ;, gzip", "chunked gzip", "chunked;q=1", "chunked,", ",chunked"})
+    BOOST_TEST(!detail_for({junk}).empty(), junk);
 }
 
 BOOST_AUTO_TEST_CASE(an_interim_response_ends_with_its_header) {
