@@ -134,8 +134,14 @@ void process(bhttp::request<bhttp::string_body> req, const config::Config& cfg) 
   // not start with '/' and get 404.
   check((route != nullptr) == path.starts_with('/'), "the catch-all route matches every path");
   if (route == nullptr) return;
-  if (!route->match.path.empty()) check(path == route->match.path, "exact path matched");
-  check(path.starts_with(route->match.path_prefix), "path prefix matched");
+  // Routes see the normalized path (router.hpp), which normalizing again leaves as it is.
+  std::string scratch;
+  std::string again;
+  const std::string_view normal = http::normalized_path(path, scratch);
+  check(normal.starts_with('/') && http::normalized_path(normal, again) == normal,
+        "a normalized path starts with '/' and is its own normal form");
+  if (!route->match.path.empty()) check(normal == route->match.path, "exact path matched");
+  check(normal.starts_with(route->match.path_prefix), "path prefix matched");
   if (!route->match.methods.empty()) {
     check(std::find(route->match.methods.begin(), route->match.methods.end(), method) !=
               route->match.methods.end(),
