@@ -62,7 +62,13 @@ std::string_view normalized_path(std::string_view path, std::string& scratch) {
     const int hi = path[i] == '%' && i + 2 < path.size() ? hex_value(path[i + 1]) : -1;
     const int lo = hi >= 0 ? hex_value(path[i + 2]) : -1;
     if (lo < 0) {
-      decoded.push_back(path[i]);
+      // A `%` that starts no escape stands for itself: written `%25`, so that `%%32e` does not
+      // become an escape (`%2e`) for the next normalization to decode.
+      if (path[i] == '%') {
+        decoded += "%25";
+      } else {
+        decoded.push_back(path[i]);
+      }
       continue;
     }
     const char c = static_cast<char>(hi * 16 + lo);

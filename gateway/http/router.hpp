@@ -23,11 +23,13 @@ const Route* match(const ProxyConfig& config, std::string_view host, std::string
                    std::string_view method);
 
 /// `path` as routes see it (RFC 3986 §6.2.2): percent-encoded unreserved characters decoded
-/// (`%70` → `p`; other escapes kept, their hex digits upper-cased), runs of `/` merged into one
+/// (`%70` → `p`; other escapes kept, their hex digits upper-cased; a `%` that starts no escape
+/// becomes `%25`), runs of `/` merged into one
 /// and `.` and `..` segments removed (§5.2.4; a `..` above the root is dropped), so that a path
 /// an upstream resolves to `/payments` cannot pass a gateway route under another name. Returns
 /// `path` itself when it is already normal (the usual case, no copy), else a view of `scratch`.
-/// A path that does not start with `/` (`*`) is returned as given. Pure.
+/// A path that does not start with `/` (`*`) is returned as given. Normalizing a result again
+/// leaves it as it is. Pure.
 std::string_view normalized_path(std::string_view path, std::string& scratch);
 
 /// The path of a request target: origin-form `/a/b?q` → `/a/b`; absolute-form

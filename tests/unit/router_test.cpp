@@ -116,7 +116,9 @@ BOOST_AUTO_TEST_CASE(normalized_path_decodes_unreserved_merges_slashes_and_remov
   BOOST_TEST(normal("/%70ayments") == "/payments");
   BOOST_TEST(normal("/%70%41%2d%2E%5f%7E") == "/pA-._~");
   BOOST_TEST(normal("/a%2fb%3F") == "/a%2Fb%3F");  // reserved: kept, hex upper-cased
-  BOOST_TEST(normal("/a%zz%4") == "/a%zz%4");      // not an escape: kept as given
+  BOOST_TEST(normal("/a%zz%4") == "/a%25zz%254");  // a `%` that starts no escape is `%25`
+  BOOST_TEST(normal("/%%32e%%32e/pay") == "/%252e%252e/pay");  // no escape appears later
+  BOOST_TEST(normal("/%25%25") == "/%25%25");
   BOOST_TEST(normal("//payments") == "/payments");
   BOOST_TEST(normal("/a///b//") == "/a/b/");
   BOOST_TEST(normal("/./payments") == "/payments");
