@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <boost/beast/core/string.hpp>
+#include <boost/url/grammar/hexdig_chars.hpp>
+#include <boost/url/rfc/unreserved_chars.hpp>
 #include <optional>
 
 #include "gateway/common/host_port.hpp"
@@ -30,18 +32,6 @@ bool method_matches(const std::vector<std::string>& methods, std::string_view me
   return methods.empty() || std::find(methods.begin(), methods.end(), method) != methods.end();
 }
 
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-bool unreserved(char c) {  // RFC 3986 §2.3
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-         c == '.' || c == '_' || c == '~';
-}
-
 bool needs_normalizing(std::string_view path) {
   for (std::size_t i = 0; i < path.size(); ++i) {
     if (path[i] == '%') return true;
@@ -59,8 +49,10 @@ std::string_view normalized_path(std::string_view path, std::string& scratch) {
   std::string decoded;
   decoded.reserve(path.size());
   for (std::size_t i = 0; i < path.size(); ++i) {
-    const int hi = path[i] == '%' && i + 2 < path.size() ? hex_value(path[i + 1]) : -1;
-    const int lo = hi >= 0 ? hex_value(path[i + 2]) : -1;
+    const int hi = path[i] == '%' && i + 2 < path.size()
+                       ? boost::urls::grammar::hexdig_value(path[i + 1])
+                       : -1;
+    const int lo = hi >= 0 ? boost::urls::grammar::hexdig_value(path[i + 2]) : -1;
     if (lo < 0) {
       // A `%` that starts no escape stands for itself: written `%25`, so that `%%32e` does not
       // become an escape (`%2e`) for the next normalization to decode.
@@ -72,7 +64,7 @@ std::string_view normalized_path(std::string_view path, std::string& scratch) {
       continue;
     }
     const char c = static_cast<char>(hi * 16 + lo);
-    if (unreserved(c)) {
+    if (boost::urls::unreserved_chars(c)) {  // RFC 3986 §2.3
       decoded.push_back(c);
     } else {
       constexpr std::string_view kHex = "0123456789ABCDEF";

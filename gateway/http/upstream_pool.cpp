@@ -528,8 +528,9 @@ bool mend_status_line(beast::flat_buffer& buffer) {
   }
   if (n <= kCodeEnd) return false;
   if (p[kCodeEnd] != '\r' || n == buffer.max_size()) return true;
-  buffer.commit(asio::buffer_copy(buffer.prepare(1), asio::buffer(" ", 1)));
-  auto* q = static_cast<char*>(buffer.data().data());  // prepare() may have moved the bytes
+  buffer.prepare(1);  // may move the bytes
+  buffer.commit(1);
+  auto* q = static_cast<char*>(buffer.data().data());
   std::memmove(q + kCodeEnd + 1, q + kCodeEnd, buffer.size() - kCodeEnd - 1);
   q[kCodeEnd] = ' ';
   return true;
