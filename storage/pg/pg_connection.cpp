@@ -1,5 +1,6 @@
 #include "storage/pg/pg_connection.hpp"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
@@ -85,12 +86,9 @@ PgConnection::~PgConnection() {
 }
 
 void PgConnection::close() noexcept {
-  // libpq owns the socket: Asio must forget it (and deregister it from the reactor) before
-  // PQfinish closes it.
-  if (socket_) {
-    socket_->release();
-    socket_.reset();
-  }
+  // Asio waits on a duplicate of libpq's socket (attach_socket): closing it deregisters a
+  // descriptor only this object owns; PQfinish then closes libpq's own.
+  socket_.reset();
   if (conn_) {
     PQfinish(conn_);
     conn_ = nullptr;
@@ -129,16 +127,19 @@ boost::system::error_code PgConnection::wait_failed(boost::system::error_code ec
 }
 
 bool PgConnection::attach_socket() {
-  // libpq may close its socket and open another between PQconnectPoll calls (next host in the
-  // list, SSL or GSS fallback), and the new one may reuse the old number. Wrapping the current
-  // descriptor afresh each time keeps Asio's reactor registration in step with it.
-  if (socket_) {
-    socket_->release();
-    socket_.reset();
-  }
+  // libpq closes its socket by itself: between PQconnectPoll calls (next host in the list, SSL
+  // or GSS fallback) and whenever it finds the connection lost (pqDropConnection). Had Asio
+  // registered that descriptor, it would deregister the number later, after another thread may
+  // have been given it for a new client connection, whose reads would then never be reported.
+  // So Asio waits on a duplicate that only this object closes: readiness is the same (one
+  // socket), and the number stays ours until socket_ is reset. Wrapped afresh at each connect
+  // step, since libpq may have opened another socket.
+  socket_.reset();
   const int fd = PQsocket(conn_);
   if (fd < 0) return false;
-  socket_.emplace(timer_.get_executor(), fd);
+  const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) return false;
+  socket_.emplace(timer_.get_executor(), own);
   return true;
 }
 

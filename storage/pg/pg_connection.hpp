@@ -41,9 +41,10 @@ struct Statement {
   const char* sql;
 };
 
-/// One libpq connection driven asynchronously on an Asio executor: the socket is wrapped in a
-/// `posix::stream_descriptor` and only ever waited on, libpq does all reads and writes
-/// (non-blocking). Results come back in binary format.
+/// One libpq connection driven asynchronously on an Asio executor: a duplicate of libpq's socket
+/// is wrapped in a `posix::stream_descriptor` and only ever waited on (libpq closes its own
+/// descriptor when it finds the connection lost, so Asio never registers that one); libpq does
+/// all reads and writes (non-blocking). Results come back in binary format.
 ///
 /// Every operation takes a deadline and ends by it. Errors are `core::store_errc` values:
 /// - `unavailable`: cannot connect, or the connection was lost (server restart,

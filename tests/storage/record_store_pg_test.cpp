@@ -8,17 +8,23 @@
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/connect_pair.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gateway/core/errors.hpp"
@@ -187,6 +193,82 @@ BOOST_AUTO_TEST_CASE(spec_C25_terminated_backend_is_replaced_by_a_new_connection
   BOOST_TEST_REQUIRE(second.has_value(), second.error().message());
   BOOST_TEST(!second->has_value());
   BOOST_TEST(backend.backend_pid() != pid_before);
+}
+
+namespace {
+
+/// The process's open socket descriptors (the listing's own directory descriptor is not one).
+std::set<int> open_sockets() {
+  std::set<int> fds;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const auto target = std::filesystem::read_symlink(entry.path(), ec);
+    if (!ec && target.string().starts_with("socket:")) {
+      fds.insert(std::stoi(entry.path().filename().string()));
+    }
+  }
+  return fds;
+}
+
+}  // namespace
+
+// libpq closes its socket by itself when it finds the connection lost. The number is then free
+// for the next socket the process opens (on a gateway, another io thread's client connection),
+// and closing the lost connection must leave that socket's reactor registration alone: its
+// reads must still be reported. (Seen in C43: a client connection accepted during the failover
+// was never read, and was reset at header_read_timeout.)
+BOOST_AUTO_TEST_CASE(a_lost_connection_leaves_alone_the_socket_that_reuses_its_number) {
+  asio::io_context io;
+  PgConnection admin(io.get_executor(), pg_dsn(), 60s);
+  std::optional<PgConnection> lost(std::in_place, io.get_executor(), pg_dsn(), 60s);
+  BOOST_TEST_REQUIRE(run_to_completion(io, admin.connect(soon())).has_value(), admin.last_error());
+  BOOST_TEST_REQUIRE(run_to_completion(io, lost->connect(soon())).has_value(), lost->last_error());
+  std::vector<Param> params;
+  params.push_back(Param::text(std::to_string(lost->backend_pid())));
+  auto killed = run_to_completion(
+      io, admin.query("SELECT pg_terminate_backend($1::int4, 5000)", std::move(params), soon()));
+  BOOST_TEST_REQUIRE(killed.has_value(), admin.last_error());
+  BOOST_TEST_REQUIRE(killed->boolean(0, 0).value_or(false));
+
+  const auto before = open_sockets();
+  auto failed = run_to_completion(io, lost->query("SELECT 1", {}, soon()));
+  BOOST_TEST_REQUIRE(!failed.has_value());
+  BOOST_TEST(failed.error() == code(store_errc::unavailable));
+  std::vector<int> dropped;
+  for (const int fd : before) {
+    if (!open_sockets().contains(fd)) dropped.push_back(fd);
+  }
+  BOOST_TEST_REQUIRE(dropped.size() == 1u, "libpq closed its socket on the lost connection");
+
+  // New sockets take the lowest free numbers: one of the first few takes the dropped one.
+  std::vector<std::pair<asio::local::stream_protocol::socket, asio::local::stream_protocol::socket>>
+      pairs;
+  std::optional<std::size_t> reuser;
+  for (std::size_t i = 0; i < 8 && !reuser; ++i) {
+    auto& pair = pairs.emplace_back(asio::local::stream_protocol::socket(io),
+                                    asio::local::stream_protocol::socket(io));
+    asio::local::connect_pair(pair.first, pair.second);
+    if (pair.first.native_handle() == dropped.front()) reuser = i;
+    if (pair.second.native_handle() == dropped.front()) {
+      std::swap(pair.first, pair.second);
+      reuser = i;
+    }
+  }
+  BOOST_TEST_REQUIRE(reuser.has_value(), "no new socket took the dropped number");
+  auto& [reader, writer] = pairs[*reuser];
+  char byte = 0;
+  bool read = false;
+  reader.async_read_some(asio::buffer(&byte, 1),
+                         [&](boost::system::error_code ec, std::size_t) { read = !ec; });
+  io.poll();  // the read is now waiting for the reactor
+  BOOST_TEST_REQUIRE(!read);
+
+  lost.reset();  // the pool discards a lost connection so
+  asio::write(writer, asio::buffer("x", 1));
+  io.restart();
+  io.run_for(5s);  // an event deadline: the read completes as soon as the reactor reports it
+  BOOST_TEST(read, "the socket that reused the number was never reported readable");
+  BOOST_TEST(byte == 'x');
 }
 
 // SPEC C43: a demoted primary answers writes with 25006 (read-only transaction). The connection
