@@ -393,8 +393,9 @@ int run_gateway(const std::string& config_path, bool migrate) {
           signals.async_wait(on_signal);
           return;
         }
-        log_json(spdlog::level::info, "stopping", {{"signal", signo}});
+        // Readiness turns 503 before the line says so: whoever reads "stopping" finds it (C45).
         admin_server->begin_drain();  // balancers stop sending new connections (C45)
+        log_json(spdlog::level::info, "stopping", {{"signal", signo}});
         server->stop(true);
       };
   signals.async_wait(on_signal);
