@@ -13,7 +13,8 @@ DescriptorBudget descriptor_budget(const config::Config& config, std::uint64_t o
   std::uint64_t reserved = 32 + 4 * threads + 24;
 
   const auto pool = static_cast<std::uint64_t>(std::max(1, config.storage.postgres.pool_size));
-  reserved += threads * ((pool + threads - 1) / threads) + 1;
+  // Two per connection: libpq's socket and the duplicate Asio waits on (PgConnection).
+  reserved += 2 * (threads * ((pool + threads - 1) / threads) + 1);
 
   const config::Redis& redis = config.storage.redis;
   std::uint64_t per_client = 1;

@@ -27,7 +27,8 @@ struct DescriptorBudget {
 /// - 32 for the process (standard streams, the log writer, the resolver, signals, files read at
 ///   start), 4 per io thread (event loop, wake-ups, timers, listener), 24 for the admin
 ///   listener (itself, its at most 16 connections, its own store probes);
-/// - Postgres: threads × ceil(pool_size / threads) for the request pools, 1 for the cleaner;
+/// - Postgres: threads × ceil(pool_size / threads) for the request pools, 1 for the cleaner,
+///   two descriptors each (libpq's socket and the duplicate the event loop waits on);
 /// - Redis per io thread (twice with wait_replicas): 1 connection to a single server, sentinels
 ///   + 1 under Sentinel, 2 × max(3, seed nodes) for a Cluster (seed and primary connections);
 /// - each upstream: max_idle_connections × threads idle pooled connections.

@@ -109,9 +109,10 @@ BOOST_AUTO_TEST_SUITE(descriptor_budget)
 BOOST_AUTO_TEST_CASE(spec_C52_default_max_connections_leaves_room_for_upstream_and_store_sides) {
   // threads 2, pool_size 8, one Redis, one upstream with max_idle_connections 64 (the defaults).
   auto c = std::make_shared<cfg::Config>(*load(kBase + "threads: 2\n"));
-  // 32 + 4 × 2 + 24 (process, io threads, admin) + 8 + 1 (Postgres) + 2 (Redis) + 128 (idle).
+  // 32 + 4 × 2 + 24 (process, io threads, admin) + 2 × (8 + 1) (Postgres: libpq's socket and
+  // the event loop's duplicate) + 2 (Redis) + 128 (idle).
   const auto budget = idemgate::descriptor_budget(*c, 1024);
-  BOOST_TEST(budget.reserved == 32u + 8u + 24u + 9u + 2u + 128u);
+  BOOST_TEST(budget.reserved == 32u + 8u + 24u + 18u + 2u + 128u);
   // Each client connection may need an upstream connection at the same time.
   BOOST_TEST(budget.max_connections == (1024u - budget.reserved) / 2u);
   BOOST_TEST(2 * budget.max_connections + budget.reserved <= 1024u);
@@ -121,7 +122,7 @@ BOOST_AUTO_TEST_CASE(spec_C52_default_max_connections_leaves_room_for_upstream_a
   c->storage.postgres.pool_size = 16;
   c->storage.redis.wait_replicas = 1;
   const auto bigger = idemgate::descriptor_budget(*c, 1024);
-  BOOST_TEST(bigger.reserved == budget.reserved + 128u + 8u + 2u);
+  BOOST_TEST(bigger.reserved == budget.reserved + 128u + 2u * 8u + 2u);
 
   // A limit that leaves nothing still admits one connection (the gateway warns at start).
   BOOST_TEST(idemgate::descriptor_budget(*c, 64).max_connections == 1u);
