@@ -3,6 +3,7 @@
 #define BOOST_TEST_MODULE record_store_pg
 #include <libpq-fe.h>
 
+#include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <set>
@@ -234,10 +236,9 @@ BOOST_AUTO_TEST_CASE(a_lost_connection_leaves_alone_the_socket_that_reuses_its_n
   auto failed = run_to_completion(io, lost->query("SELECT 1", {}, soon()));
   BOOST_TEST_REQUIRE(!failed.has_value());
   BOOST_TEST(failed.error() == code(store_errc::unavailable));
+  const auto after = open_sockets();
   std::vector<int> dropped;
-  for (const int fd : before) {
-    if (!open_sockets().contains(fd)) dropped.push_back(fd);
-  }
+  std::ranges::set_difference(before, after, std::back_inserter(dropped));
   BOOST_TEST_REQUIRE(dropped.size() == 1u, "libpq closed its socket on the lost connection");
 
   // New sockets take the lowest free numbers: one of the first few takes the dropped one.
