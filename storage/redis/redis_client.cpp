@@ -26,7 +26,7 @@ class SingleServerRouting final : public Routing {
   explicit SingleServerRouting(std::shared_ptr<RedisConnection> connection)
       : connection_(std::move(connection)) {}
 
-  asio::awaitable<result<std::shared_ptr<RedisConnection>>> route(std::string key) override {
+  asio::awaitable<result<std::shared_ptr<RedisConnection>>> route(std::string_view key) override {
     (void)key;
     co_return connection_;
   }
@@ -80,6 +80,9 @@ asio::awaitable<result<std::vector<Reply>>> RedisClient::execute(std::string key
   std::shared_ptr<RedisConnection> target;
   bool asking = false;
   bool rerouted = false;
+  // Where neither a failover nor a redirect sends the batch again (one server), the batch and
+  // its undo go out as they are; elsewhere each attempt sends a copy.
+  const bool sent_once = !routing_->follows_failover() && !routing_->redirects();
   for (int redirects = 0;;) {
     if (!target) {
       auto routed = co_await routing_->route(key);
@@ -87,12 +90,20 @@ asio::awaitable<result<std::vector<Reply>>> RedisClient::execute(std::string key
       target = std::move(*routed);
     }
     const auto seen = routing_->generation();  // the map this attempt was routed by
-    // A copy per attempt: a redirect or a failover sends the batch again.
     std::vector<Command> batch;
-    batch.reserve(commands.size() + (asking ? 1 : 0));
-    if (asking) batch.push_back({"ASKING"});  // a node importing the slot serves it only then
-    batch.insert(batch.end(), commands.begin(), commands.end());
-    auto replies = co_await target->execute(std::move(batch), undo);
+    if (sent_once) {
+      batch = std::move(commands);
+    } else {
+      batch.reserve(commands.size() + (asking ? 1 : 0));
+      if (asking) batch.push_back({"ASKING"});  // a node importing the slot serves it only then
+      batch.insert(batch.end(), commands.begin(), commands.end());
+    }
+    result<std::vector<Reply>> replies;
+    if (sent_once) {
+      replies = co_await target->execute(std::move(batch), std::move(undo));
+    } else {
+      replies = co_await target->execute(std::move(batch), undo);
+    }
     if (!replies) {
       // The command may have run; the server may have failed over: look up before the next.
       if (replies.error() != asio::error::operation_aborted) routing_->failed(*target);

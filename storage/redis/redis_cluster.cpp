@@ -135,7 +135,7 @@ class ClusterRouting final : public Routing {
     for (const auto& seed : options_.cluster) seeds_.push_back({seed.host, seed.port});
   }
 
-  asio::awaitable<result<std::shared_ptr<RedisConnection>>> route(std::string key) override {
+  asio::awaitable<result<std::shared_ptr<RedisConnection>>> route(std::string_view key) override {
     if (std::exchange(inbox_->stale, false)) stale_ = true;
     if (stale_ || map_.empty()) co_await refresh(generation_);
     std::optional<Endpoint> target;
@@ -165,6 +165,7 @@ class ClusterRouting final : public Routing {
   }
 
   bool follows_failover() const override { return true; }
+  bool redirects() const override { return true; }
 
   asio::awaitable<std::string> probe(RedisClient& client) override {
     (void)client;

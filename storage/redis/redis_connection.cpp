@@ -12,6 +12,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/container/small_vector.hpp>
 #include <chrono>
 #include <deque>
 #include <optional>
@@ -338,8 +339,9 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
   }
 
   bool append(const Command& argv, redisCallbackFn* fn, void* privdata) {
-    std::vector<const char*> args;
-    std::vector<std::size_t> lengths;
+    // On the stack for the lock's commands (at most 7 arguments): no allocation per command.
+    boost::container::small_vector<const char*, 8> args;
+    boost::container::small_vector<std::size_t, 8> lengths;
     args.reserve(argv.size());
     lengths.reserve(argv.size());
     for (const auto& a : argv) {

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "gateway/common/hex.hpp"
+
 namespace idemgate::storage::redis {
 namespace {
 
@@ -85,7 +87,12 @@ RedisLock::RedisLock(RedisClient& client, Options options)
       acquire_{kAcquireScript, sha1_hex(kAcquireScript)} {}
 
 std::string RedisLock::key_of(const core::Sha256& id) {
-  return kKeyPrefix + core::to_hex(id);
+  // Written in place: one allocation per key.
+  constexpr std::size_t prefix = sizeof(kKeyPrefix) - 1;
+  std::string key(prefix + 2 * id.size(), '\0');
+  key.replace(0, prefix, kKeyPrefix);
+  common::hex_into(id.data(), id.size(), key.data() + prefix);
+  return key;
 }
 
 asio::awaitable<boost::system::result<core::Acquired>> RedisLock::acquire(

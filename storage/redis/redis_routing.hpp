@@ -45,10 +45,11 @@ class Routing {
   virtual ~Routing() = default;
 
   /// The connection serving `key` now ("" for a command without a key: any primary), after
-  /// asking the sentinels or loading the slot map when needed. Errors: `unavailable` (no
-  /// primary known or reachable, a slot nobody serves).
+  /// asking the sentinels or loading the slot map when needed. `key` is the caller's and must
+  /// outlive the call (it is awaited at once). Errors: `unavailable` (no primary known or
+  /// reachable, a slot nobody serves).
   virtual boost::asio::awaitable<boost::system::result<std::shared_ptr<RedisConnection>>> route(
-      std::string key) = 0;
+      std::string_view key) = 0;
 
   /// The connection to the node a `MOVED` or `ASK` named; null for a topology without
   /// redirects (the command then fails as `unavailable`).
@@ -56,6 +57,8 @@ class Routing {
     (void)to;
     return nullptr;
   }
+  /// Whether redirected() can name a connection (a cluster's `MOVED` and `ASK`).
+  virtual bool redirects() const { return false; }
 
   /// Counts the routing tables installed (a cluster's slot maps); a MOVED reloads only when no
   /// reload happened since the command was routed.

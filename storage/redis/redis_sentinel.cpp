@@ -53,7 +53,7 @@ class SentinelRouting final : public Routing {
     sentinels_.resize(options_.sentinels.size());
   }
 
-  asio::awaitable<result<std::shared_ptr<RedisConnection>>> route(std::string key) override {
+  asio::awaitable<result<std::shared_ptr<RedisConnection>>> route(std::string_view key) override {
     (void)key;  // one primary holds every key
     if (std::exchange(inbox_->primary_refused, false)) stale_ = true;
     if (primary_ && !stale_) co_return primary_;
