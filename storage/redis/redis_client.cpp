@@ -90,18 +90,16 @@ asio::awaitable<result<std::vector<Reply>>> RedisClient::execute(std::string key
       target = std::move(*routed);
     }
     const auto seen = routing_->generation();  // the map this attempt was routed by
-    std::vector<Command> batch;
+    result<std::vector<Reply>> replies;
     if (sent_once) {
-      batch = std::move(commands);
+      // The only attempt: every exit below returns unless the routing follows a failover or a
+      // redirect.
+      replies = co_await target->execute(std::move(commands), std::move(undo));
     } else {
+      std::vector<Command> batch;
       batch.reserve(commands.size() + (asking ? 1 : 0));
       if (asking) batch.push_back({"ASKING"});  // a node importing the slot serves it only then
       batch.insert(batch.end(), commands.begin(), commands.end());
-    }
-    result<std::vector<Reply>> replies;
-    if (sent_once) {
-      replies = co_await target->execute(std::move(batch), std::move(undo));
-    } else {
       replies = co_await target->execute(std::move(batch), undo);
     }
     if (!replies) {
