@@ -1,4 +1,6 @@
-# idemgate container image: built with the same script and preset as the README commands.
+# idemgate container image: built with the same script as the README commands, optimised as the
+# `release` preset is but without its debug info (preset `package`): the image is smaller and
+# builds in about half the time.
 #   docker build -t idemgate .
 #   docker run --rm -v $PWD/conf:/etc/idemgate idemgate --config /etc/idemgate/idemgate.yaml
 FROM debian:bookworm AS build
@@ -7,7 +9,7 @@ COPY scripts/install-deps scripts/install-deps
 # Only the compiler and the -dev packages: the test stores, the bench and fuzz tools stay out.
 RUN ./scripts/install-deps --build
 COPY . .
-RUN cmake --preset release && cmake --build --preset release -j"$(nproc)" --target idemgate payment-service
+RUN cmake --preset package && cmake --build --preset package -j"$(nproc)" --target idemgate payment-service
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends \
@@ -16,8 +18,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
       curl ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --no-create-home --uid 10001 idemgate
-COPY --from=build /src/build/release/gateway/idemgate /usr/local/bin/idemgate
-COPY --from=build /src/build/release/examples/payment-service/payment-service /usr/local/bin/payment-service
+COPY --from=build /src/build/package/gateway/idemgate /usr/local/bin/idemgate
+COPY --from=build /src/build/package/examples/payment-service/payment-service /usr/local/bin/payment-service
 COPY conf /etc/idemgate
 USER idemgate
 EXPOSE 8080 9090
