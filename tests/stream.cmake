@@ -10,3 +10,5 @@ idemgate_test(streaming_e2e_test e2e
   LIBS idemgate_ops_support)
 # The test starts both binaries; build them with it.
 add_dependencies(streaming_e2e_test idemgate stream-upstream)
+# Its GiB bodies make it the longest suite with no lock: it starts among the first.
+idemgate_runs_long(streaming_e2e_test)
