@@ -1,6 +1,6 @@
 # idemgate container image: built with the same script as the README commands, optimised as the
-# `release` preset is but without its debug info (preset `package`): the image is smaller and
-# builds in about half the time.
+# `release` preset is but without its debug info (preset `package`): the image is half the size
+# and builds in a third less time.
 #   docker build -t idemgate .
 #   docker run --rm -v $PWD/conf:/etc/idemgate idemgate --config /etc/idemgate/idemgate.yaml
 FROM debian:bookworm AS build
