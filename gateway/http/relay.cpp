@@ -8,12 +8,14 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/buffer_traits.hpp>
 #include <boost/beast/core/buffers_suffix.hpp>
+#include <boost/beast/core/read_size.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/serializer.hpp>
 #include <boost/beast/http/write.hpp>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <tuple>
@@ -22,6 +24,7 @@
 #include "gateway/common/deadline_list.hpp"
 #include "gateway/common/host_port.hpp"
 #include "gateway/common/http_date.hpp"
+#include "gateway/common/log_on_exception.hpp"
 #include "gateway/common/use_nothrow.hpp"
 #include "gateway/http/body_reader.hpp"
 #include "gateway/http/headers.hpp"
@@ -39,6 +42,135 @@ using boost::system::error_code;
 using Clock = std::chrono::steady_clock;
 
 namespace {
+
+/// How reading an upstream's response header ended (SPEC C03, C05, C08).
+struct ResponseHead {
+  boost::system::error_code error;  ///< the read failed: a timeout, EOF, reset, a parse error
+  bool got_bytes = false;  ///< response bytes had arrived: no stale pooled connection (C08)
+  std::string refused;     ///< why a header is no answer: a status under 100, an unasked 101
+};
+
+/// Why an exchange got no response, from how reading its header ended (SPEC C05, C08).
+struct NoResponse {
+  bool timed_out = false;  ///< no response header within request_timeout (→ 504)
+  bool stale = false;      ///< closed before any response byte: a retryable request may go again
+  std::string detail;      ///< what failed, for the problem's detail; empty when there is a header
+};
+
+/// Classifies `got` for relay() and relay_held(): a timeout (of the read, of the write, or
+/// `timed_out` by the caller's deadline) is timed_out; a close or reset before any response
+/// byte is stale; a write failure before any response byte is named as such. Pure.
+NoResponse no_response(const ResponseHead& got, const boost::system::error_code& write_error,
+                       bool timed_out) {
+  NoResponse out;
+  if (!got.error) {
+    out.detail = got.refused;
+    return out;
+  }
+  out.timed_out =
+      timed_out || got.error == beast::error::timeout || write_error == beast::error::timeout;
+  out.stale = !got.got_bytes && !out.timed_out && closed_before_answer(got.error);
+  if (out.timed_out) {
+    out.detail = "gave no response header within request_timeout";
+  } else if (write_error && !got.got_bytes) {
+    out.detail = "writing the request failed: " + write_error.message();
+  } else {
+    out.detail = "reading the response header failed: " + got.error.message();
+  }
+  return out;
+}
+
+/// The most a read of a response header asks for (Beast's own read size).
+constexpr std::size_t kResponseReadSize = 64 * 1024;
+
+// A status line without the SP after its code ("HTTP/1.1 200\r\n", which some small servers
+// send when they have no reason phrase) gets that SP, which Beast requires: nginx, curl and Go
+// read such a line as status 200, and so does the gateway. `buffer` starts at a response.
+// Returns false while the first line may still be of that form and has not all arrived.
+bool mend_status_line(beast::flat_buffer& buffer) {
+  constexpr std::size_t kCodeEnd = 12;  // "HTTP/1.1 200"
+  const auto* p = static_cast<const char*>(buffer.data().data());
+  const std::size_t n = buffer.size();
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  const std::string_view shape = "HTTP/d.d ddd";
+  for (std::size_t i = 0; i < std::min(n, kCodeEnd); ++i) {
+    if (shape[i] == 'd' ? !digit(p[i]) : p[i] != shape[i]) return true;  // not a short line
+  }
+  if (n <= kCodeEnd) return false;
+  if (p[kCodeEnd] != '\r' || n == buffer.max_size()) return true;
+  buffer.prepare(1);  // may move the bytes
+  buffer.commit(1);
+  auto* q = static_cast<char*>(buffer.data().data());
+  std::memmove(q + kCodeEnd + 1, q + kCodeEnd, buffer.size() - kCodeEnd - 1);
+  q[kCodeEnd] = ' ';
+  return true;
+}
+
+/// Reads response headers from `stream`, each into a fresh `parser` (prepare_response_parser),
+/// dropping 1xx interim responses, until a final response, or a `101` when `upgrade` (SPEC C40).
+/// The stream's expiry is the caller's. `buffer` keeps what was read past the header.
+asio::awaitable<ResponseHead> read_response_head(ByteStream stream, beast::flat_buffer& buffer,
+                                                 std::unique_ptr<StreamResponseParser>& parser,
+                                                 bool head, bool upgrade) {
+  ResponseHead out;
+  for (;;) {
+    parser = std::make_unique<StreamResponseParser>();
+    prepare_response_parser(*parser, head);
+    // As Beast's async_read_header, one read_some at a time on the stream itself: no composed
+    // operation, and no read when the header came with the last one.
+    boost::system::error_code ec;
+    bool line_mended = false;
+    for (;;) {
+      if (!line_mended) line_mended = mend_status_line(buffer);
+      if (const auto parsed = put_header(buffer, *parser)) {
+        ec = *parsed;
+        break;
+      }
+      const std::size_t room = beast::read_size(buffer, kResponseReadSize);
+      if (room == 0) {
+        ec = bhttp::error::buffer_overflow;
+        break;
+      }
+      auto [rec, n] = co_await stream.async_read_some(buffer.prepare(room), use_nothrow);
+      buffer.commit(n);
+      if (rec == asio::error::eof) {
+        // Closed inside a header, or before one began (Beast's two answers).
+        if (parser->got_some()) {
+          parser->put_eof(ec);
+        } else {
+          ec = bhttp::error::end_of_stream;
+        }
+        break;
+      }
+      if (rec) {
+        ec = rec;
+        break;
+      }
+    }
+    if (ec) {
+      out.got_bytes = out.got_bytes || parser->got_some() || buffer.size() > 0;
+      out.error = ec;
+      co_return out;
+    }
+    out.got_bytes = true;
+    const unsigned status = parser->get().result_int();
+    if (status == 101 && upgrade) co_return out;
+    const auto verdict = classify_response_header(status);
+    if (verdict == ResponseHeaderVerdict::refused) {
+      out.refused = "the upstream switched protocols without being asked to";
+      co_return out;
+    }
+    if (verdict == ResponseHeaderVerdict::bad_status) {
+      out.refused = "the upstream sent status " + std::to_string(status) + ", under 100";
+      co_return out;
+    }
+    if (verdict == ResponseHeaderVerdict::final_response) {
+      if (!head && status_has_body(status))
+        out.refused = unsupported_transfer_coding(parser->get().base());
+      co_return out;
+    }
+  }
+}
 
 /// One piece of a body into [`data`, `data + size`) (async_read_body with a buffer_body parser):
 /// on return body().size is what is left of `size`. `timeout` bounds each read (progress).
@@ -309,18 +441,37 @@ struct Duplex {
   bool client_failed = false;  ///< reading the client's body failed: the upstream is cut
   bool watching = false;       ///< the exchange outlasted kWatchAfter: the client is watched
   error_code write_error;      ///< writing to the upstream failed
+  /// relay_held(): when the whole answer must have arrived (max: request_timeout from its
+  /// header on).
+  Clock::time_point answer_by = Clock::time_point::max();
 };
 
-/// One relay() call: the request and what its attempts found.
+/// Where relay_held() reads an answer: the whole response, or its header and the body bytes
+/// read before the body passed the hold limit when the rest is passed on (C39).
+struct HeldAnswer {
+  std::size_t hold_limit = 0;
+  /// The attempt's connection, shared with a writer that may still be sending the request
+  /// (C47) and, for a passed-on body, with the ResponseTail.
+  std::shared_ptr<UpstreamPool::Wire> wire;
+  Response response;   ///< end-to-end fields only; no Content-Length when `pass_on`
+  std::string prefix;  ///< `pass_on`: the body bytes read already
+  bool pass_on = false;
+  bool reusable = false;  ///< the connection may go back to the pool
+  std::optional<std::chrono::seconds> keep_alive;
+};
+
+/// One exchange with the upstream, its request and what its attempts found: relay()'s (the
+/// client's connection and parser set) or relay_held()'s (`hold` set).
 struct RelayState {
-  RelayState(RelayRequest& request, RelayOutcome& outcome, StreamRequestParser& request_parser,
-             StreamBuffer& buffer, const Upstream& to)
-      : in(request), out(outcome), parser(request_parser), up_buffer(buffer), upstream(to) {}
-  RelayRequest& in;
+  RelayState(RelayOutcome& outcome, const Upstream& to) : out(outcome), upstream(to) {}
+  RelayRequest* in = nullptr;             ///< relay(): the client
+  StreamRequestParser* parser = nullptr;  ///< relay(): the client's request, its body to come
+  StreamBuffer* up_buffer = nullptr;      ///< relay(): client → upstream; a held body first
+  HeldAnswer* hold = nullptr;             ///< relay_held(): where the answer goes
   RelayOutcome& out;
-  StreamRequestParser& parser;
-  StreamBuffer& up_buffer;
   const Upstream& upstream;
+  bool head = false;        ///< a HEAD request: the response has no body
+  bool websocket = false;   ///< a 101 to it opens a tunnel (C40)
   std::size_t held = 0;     ///< a retryable request's body, read whole into up_buffer
   bool retryable = true;    ///< the request may go out again on a fresh connection (C08)
   common::HostPort server;  ///< the upstream server of the current attempt
@@ -337,7 +488,7 @@ struct RelayState {
 void end_exchange(RelayState& x, Duplex& d) {
   d.ended = true;
   if (d.deadline) d.deadline->cancel();
-  x.in.client.tcp().cancel();
+  if (x.in) x.in->client.tcp().cancel();
 }
 
 /// Once the request is out and the exchange has lasted kWatchAfter, a read on the client's
@@ -346,19 +497,19 @@ void end_exchange(RelayState& x, Duplex& d) {
 /// that arrive instead (the next pipelined request) stay in the client's buffer for the session.
 asio::awaitable<void> watch(RelayState& x, Duplex& d) {
   constexpr std::size_t kWatchRead = 4096;
-  auto& buffer = *x.in.client_buffer;
+  auto& buffer = *x.in->client_buffer;
   if (d.ended || d.client_failed || buffer.size() > 0) co_return;
   const std::size_t room = std::min(kWatchRead, buffer.max_size() - buffer.size());
   if (room == 0) co_return;
-  x.in.client.tcp().expires_never();
-  auto [ec, n] = co_await x.in.client.async_read_some(buffer.prepare(room), use_nothrow);
+  x.in->client.tcp().expires_never();
+  auto [ec, n] = co_await x.in->client.async_read_some(buffer.prepare(room), use_nothrow);
   buffer.commit(n);
   if (!ec || d.ended) co_return;
   x.out.client_closed = true;
   note_cut(x.out, ec == asio::error::eof ? "the client closed the connection"
                                          : "the client connection failed: " + ec.message());
   d.up.tcp().close();
-  x.in.client.tcp().close();
+  x.in->client.tcp().close();
 }
 
 /// Waits for the response header until `head_by`: past it, the exchange times out (the upstream
@@ -378,17 +529,17 @@ asio::awaitable<void> header_deadline(Duplex& d, Clock::time_point head_by) {
 /// rendered behind the body in the same buffer; nullopt when the head does not fit there.
 std::optional<std::array<asio::const_buffer, 2>> held_request(RelayState& x) {
   const std::size_t head_size =
-      render_head(x.parser.get(), x.up_buffer.data() + x.held, x.up_buffer.size() - x.held);
+      render_head(x.parser->get(), x.up_buffer->data() + x.held, x.up_buffer->size() - x.held);
   if (head_size == 0) return std::nullopt;
-  return std::array<asio::const_buffer, 2>{asio::buffer(x.up_buffer.data() + x.held, head_size),
-                                           asio::buffer(x.up_buffer.data(), x.held)};
+  return std::array<asio::const_buffer, 2>{asio::buffer(x.up_buffer->data() + x.held, head_size),
+                                           asio::buffer(x.up_buffer->data(), x.held)};
 }
 
 /// Writes a request whose body is held whole when held_request() found no room for its head:
 /// through Beast's serializer.
 asio::awaitable<error_code> send_serialized(RelayState& x, Duplex& d) {
-  auto& req = x.parser.get();
-  req.body().data = x.held == 0 ? nullptr : x.up_buffer.data();
+  auto& req = x.parser->get();
+  req.body().data = x.held == 0 ? nullptr : x.up_buffer->data();
   req.body().size = x.held;
   req.body().more = false;
   bhttp::request_serializer<bhttp::buffer_body> sr{req};
@@ -400,9 +551,9 @@ asio::awaitable<error_code> send_serialized(RelayState& x, Duplex& d) {
 /// it is all out, the request_timeout for the response header. (A held body goes out in
 /// held_exchange.)
 asio::awaitable<void> upload(RelayState& x, Duplex& d) {
-  auto& in = x.in;
+  auto& in = *x.in;
   const Limits& limits = *in.limits;
-  auto& req = x.parser.get();
+  auto& req = x.parser->get();
   error_code wec;
   d.deadline = std::make_unique<asio::steady_timer>(in.client.get_executor());
   bhttp::request_serializer<bhttp::buffer_body> sr{req};
@@ -411,8 +562,8 @@ asio::awaitable<void> upload(RelayState& x, Duplex& d) {
   wec = ec;
   while (!wec && !sr.is_done() && !d.ended) {
     const auto rec =
-        co_await read_body_piece(in.client, *in.client_buffer, x.parser, x.up_buffer.data(),
-                                 x.up_buffer.size(), limits.idle_timeout);
+        co_await read_body_piece(in.client, *in.client_buffer, *x.parser, x.up_buffer->data(),
+                                 x.up_buffer->size(), limits.idle_timeout);
     if (d.ended) break;  // answered in full: the rest of the body is not read (C47)
     if (rec) {
       // The client failed, stalled, left or passed max_streamed_body: the upstream has a
@@ -428,7 +579,7 @@ asio::awaitable<void> upload(RelayState& x, Duplex& d) {
       d.up.tcp().close();
       co_return;
     }
-    to_write(req, x.up_buffer.data(), x.up_buffer.size(), x.parser.is_done());
+    to_write(req, x.up_buffer->data(), x.up_buffer->size(), x.parser->is_done());
     wec = co_await write_piece(d.up, sr, x.upstream.idle_timeout);
   }
   // A failed write ends nothing by itself: the upstream may have answered before it stopped
@@ -462,7 +613,7 @@ asio::awaitable<void> upload(RelayState& x, Duplex& d) {
 
 /// The response header arrived: relay it and its body to the client (C38).
 asio::awaitable<void> respond(RelayState& x, Duplex& d) {
-  auto& in = x.in;
+  auto& in = *x.in;
   auto& out = x.out;
   const Limits& limits = *in.limits;
   StreamResponseParser& rparser = *d.rparser;
@@ -485,7 +636,7 @@ asio::awaitable<void> respond(RelayState& x, Duplex& d) {
   // An answer that comes before the request body has all arrived closes the connection after
   // it: the rest of the body may never be read (C47).
   out.keep_alive =
-      frame_streamed(res, rparser, in.head, in.client_keep_alive && x.parser.is_done());
+      frame_streamed(res, rparser, in.head, in.client_keep_alive && x.parser->is_done());
 
   StreamBuffer down(limits.stream_buffer);
   error_code ec;
@@ -512,15 +663,96 @@ asio::awaitable<void> respond(RelayState& x, Duplex& d) {
   if (!d.uploaded) d.up.tcp().close();  // answered before the whole request went out (C47)
 }
 
+/// The response header arrived for relay_held(): the body is read into the answer up to its
+/// hold limit (C39) and the upstream's max_response_body, all of it by `d.answer_by` (C05).
+asio::awaitable<void> hold_answer(RelayState& x, Duplex& d) {
+  HeldAnswer& answer = *x.hold;
+  StreamResponseParser& parser = *d.rparser;
+  const auto fail = [&](const error_code& ec, std::string_view detail) {
+    x.timed_out = ec == beast::error::timeout;
+    x.failure = upstream_where(x.upstream, x.server) +
+                (x.timed_out ? " gave no complete response within request_timeout"
+                             : ": " + std::string(detail));
+  };
+  // Trailer fields of a chunked body are merged into the fields by the parser: keep the header.
+  auto header = parser.get().base();
+  const auto length = parser.content_length();
+  std::string body;
+  std::size_t filled = 0;
+  bool pass_on = !parser.is_done() && length && *length > answer.hold_limit;  // C39
+  constexpr std::string_view kTooLarge = "the response body is larger than max_response_body";
+  if (!pass_on && length && !parser.is_done()) {
+    if (*length > x.upstream.max_response_body) {
+      fail({}, kTooLarge);
+      co_return;
+    }
+    body.resize(static_cast<std::size_t>(*length));
+  }
+  // The usual answer's body came with its header: no read, no expiry to set.
+  const bool read_more = !pass_on && !parser.is_done();
+  if (read_more && d.answer_by == Clock::time_point::max()) {
+    d.answer_by =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(x.upstream.request_timeout);
+  }
+  if (read_more) d.up.tcp().expires_at(d.answer_by);
+  while (!pass_on && !parser.is_done()) {
+    constexpr std::size_t kPiece = 64 * 1024;
+    if (!length && body.size() - filled < kPiece)
+      body.resize(std::max(2 * body.size(), filled + kPiece));
+    const std::size_t room = body.size() - filled;
+    parser.get().body().data = body.data() + filled;
+    parser.get().body().size = room;
+    const auto ec = co_await async_read_body(d.up, d.ubuf, parser);
+    filled += room - parser.get().body().size;
+    if (ec) {
+      fail(ec, "reading the response body failed: " + ec.message());
+      co_return;
+    }
+    if (!parser.is_done() && filled > answer.hold_limit) {
+      pass_on = true;  // C39: the held part of a chunked body passed the limit
+    } else if (filled > x.upstream.max_response_body) {
+      fail({}, kTooLarge);
+      co_return;
+    }
+  }
+  if (read_more) d.up.tcp().expires_never();
+  body.resize(filled);
+  answer.keep_alive = keep_alive_timeout(header);
+  answer.pass_on = pass_on;
+  if (pass_on) {
+    auto finished = finish_upstream_response(parser, std::move(header), {}, x.head, 0);
+    finished.response.erase(bhttp::field::content_length);
+    answer.response = std::move(finished.response);
+    answer.prefix = std::move(body);
+    co_return;
+  }
+  auto finished =
+      finish_upstream_response(parser, std::move(header), std::move(body), x.head, d.ubuf.size());
+  answer.response = std::move(finished.response);
+  // A complete answer before the whole request went out (C47): the connection carries nothing
+  // more, and the write still waiting on it ends.
+  const UpstreamPool::Wire& wire = *answer.wire;
+  answer.reusable = finished.reusable && !wire.writing && !wire.write_error;
+  if (wire.writing) d.up.tcp().close();
+}
+
 /// The response: its header (interim ones dropped; a 101 only to a WebSocket request, C40),
 /// then the response itself, or why there is none.
 asio::awaitable<void> download(RelayState& x, Duplex& d) {
   d.up.tcp().expires_never();  // the upload sets the header's deadline once the request is out
   const ResponseHead got =
-      co_await read_response_head(d.up, d.ubuf, d.rparser, x.in.head, x.in.websocket);
+      co_await read_response_head(d.up, d.ubuf, d.rparser, x.head, x.websocket);
   d.answered = true;
   // Else the upload's timer wakes for the watch and finds the header.
   if (d.watching && d.deadline) d.deadline->cancel();
+  if (x.hold) {
+    // relay_held(): the request's writer runs on its own and keeps its notes on the wire.
+    UpstreamPool::Wire& wire = *x.hold->wire;
+    wire.answered = true;
+    if (wire.head_deadline) wire.head_deadline->cancel();
+    d.write_error = wire.write_error;
+    d.timed_out = d.timed_out || wire.timed_out;
+  }
   if (NoResponse failure = no_response(got, d.write_error, d.timed_out); !failure.detail.empty()) {
     x.timed_out = failure.timed_out;
     x.stale = failure.stale;
@@ -533,6 +765,8 @@ asio::awaitable<void> download(RelayState& x, Duplex& d) {
                 "', not the websocket the client asked for";
   } else if (d.rparser->get().result_int() == 101) {
     x.tunnel = true;
+  } else if (x.hold) {
+    co_await hold_answer(x, d);
   } else {
     co_await respond(x, d);
   }
@@ -562,8 +796,8 @@ struct HeldClock : common::DeadlineList::Entry {
       d.up.tcp().close();  // the download fails and reports the timeout
       return false;
     }
-    if (!watch_started && now >= watch_at) start_watch();
-    if (d.answered && watch_started) return false;
+    if (x.in && !watch_started && now >= watch_at) start_watch();
+    if (d.answered && (watch_started || !x.in)) return false;
     deadline = d.answered ? watch_at : watch_started ? head_by : std::min(watch_at, head_by);
     return true;
   }
@@ -571,7 +805,7 @@ struct HeldClock : common::DeadlineList::Entry {
   void start_watch() {
     watch_started = true;
     d.watching = true;
-    asio::co_spawn(x.in.client.get_executor(), watch(x, d), [this](const std::exception_ptr&) {
+    asio::co_spawn(x.in->client.get_executor(), watch(x, d), [this](const std::exception_ptr&) {
       watch_done = true;
       if (d.deadline) d.deadline->cancel();
     });
@@ -619,17 +853,144 @@ asio::awaitable<bool> held_exchange(RelayState& x, Duplex& d, common::DeadlineLi
   if (clock.watch_started && !clock.watch_done) {
     // download() ended the watch's read: wait for the task to finish with x and d.
     d.deadline =
-        std::make_unique<asio::steady_timer>(x.in.client.get_executor(), Clock::time_point::max());
+        std::make_unique<asio::steady_timer>(x.in->client.get_executor(), Clock::time_point::max());
     while (!clock.watch_done) co_await d.deadline->async_wait(use_nothrow);
   }
   co_return x.stale && !x.out.client_closed;
+}
+
+constexpr std::size_t kRenderedHeadBytes = UpstreamPool::kRenderedHeadBytes;
+
+// The request on `wire`'s connection; runs beside the response's read (C47) and may outlive it
+// (a tail), so it shares the wire and the request. Closing the connection ends it. `sent` bytes
+// of it went already (write_at_once): its head then is what render_head renders.
+asio::awaitable<void> write_request(std::shared_ptr<UpstreamPool::Wire> wire,
+                                    std::shared_ptr<const Request> request, std::size_t sent) {
+  ByteStream stream = UpstreamPool::stream_of(*wire->lease.connection);
+  boost::system::error_code ec;
+  if (sent == 0) {
+    std::tie(ec, std::ignore) = co_await bhttp::async_write(stream, *request, use_nothrow);
+  } else {
+    std::string head(kRenderedHeadBytes, '\0');
+    head.resize(render_head(request->base(), head.data(), head.size()));
+    const std::array<asio::const_buffer, 2> message{asio::buffer(head),
+                                                    asio::buffer(request->body())};
+    ec = co_await write_rest(stream, message, sent);
+  }
+  wire->write_error = ec;
+  wire->writing = false;
+}
+
+// Writes `request` in one sendmsg when the connection takes it at once (ByteStream::write_now),
+// its head rendered into `scratch`: no coroutine, serializer or asynchronous operation, as relay()
+// writes a held request. Returns the bytes written (0 when not tried: TLS, a chunked body, a head
+// past `scratch`); the whole request was written, or failed, when `wire->writing` is false.
+std::size_t write_at_once(UpstreamPool::Wire& wire, const Request& request,
+                          std::array<char, kRenderedHeadBytes>& scratch) {
+  ByteStream stream = UpstreamPool::stream_of(*wire.lease.connection);
+  if (stream.is_tls() || request.chunked()) return 0;
+  const std::size_t head_size = render_head(request.base(), scratch.data(), scratch.size());
+  if (head_size == 0) return 0;
+  const std::array<asio::const_buffer, 2> message{asio::buffer(scratch.data(), head_size),
+                                                  asio::buffer(request.body())};
+  boost::system::error_code ec;
+  const std::size_t sent = stream.write_now(message, ec);
+  if (ec || sent == head_size + request.body().size()) {
+    wire.write_error = ec;
+    wire.writing = false;
+  }
+  return sent;
+}
+
+// A request whose body comes from `source` as it arrives (SPEC C50), each write within the
+// upstream's `idle_timeout`; Content-Length framing when the request has one, else chunked.
+// A source that fails (the client left or stalled) closes the connection: the upstream gets a
+// visibly incomplete request. Once it is all out, the response header has `request_timeout`.
+asio::awaitable<void> write_streamed_request(std::shared_ptr<UpstreamPool::Wire> wire,
+                                             std::shared_ptr<const Request> request,
+                                             std::shared_ptr<RequestBodySource> source,
+                                             Duration idle_timeout, Duration request_timeout) {
+  ByteStream stream = UpstreamPool::stream_of(*wire->lease.connection);
+  bhttp::request<bhttp::buffer_body> out{request->base()};
+  out.body().data = nullptr;
+  out.body().size = 0;
+  out.body().more = true;
+  bhttp::request_serializer<bhttp::buffer_body> sr{out};
+  stream.tcp().expires_after(idle_timeout);
+  auto [ec, n] = co_await bhttp::async_write_header(stream, sr, use_nothrow);
+  std::string piece;
+  bool done = false;
+  while (!ec && !done) {
+    if (const auto sec = co_await source->next(piece, done)) {
+      wire->write_error = sec;
+      wire->writing = false;
+      if (wire->lease.connection) UpstreamPool::stream_of(*wire->lease.connection).tcp().close();
+      co_return;
+    }
+    if (!wire->lease.connection) co_return;  // the exchange is over
+    out.body().data = piece.empty() ? nullptr : piece.data();
+    out.body().size = piece.size();
+    out.body().more = !done;
+    stream.tcp().expires_after(idle_timeout);
+    auto [wec, wn] = co_await bhttp::async_write(stream, sr, use_nothrow);
+    ec = wec == bhttp::error::need_buffer ? boost::system::error_code() : wec;
+  }
+  wire->write_error = ec;
+  wire->writing = false;
+  if (wire->answered || !wire->lease.connection) co_return;
+  // A failed write ends nothing by itself: the upstream may have answered (C47).
+  auto& deadline = wire->head_deadline.emplace(stream.get_executor());
+  deadline.expires_after(request_timeout);
+  auto [tec] = co_await deadline.async_wait(use_nothrow);
+  if (!tec && !wire->answered && wire->lease.connection) {
+    wire->timed_out = true;
+    UpstreamPool::stream_of(*wire->lease.connection).tcp().close();
+  }
+}
+
+/// relay_held()'s exchange on `x.hold->wire`: the request goes out whole (at once when the
+/// connection takes it) or from `source` as it arrives, on a writer of its own that may outlive
+/// the exchange (C47: a complete answer may come before it is done), while the answer is read.
+/// A whole request's answer must arrive within request_timeout of the start, a streamed one's
+/// header within request_timeout of the request's end. True when the upstream closed the
+/// connection before answering (C08, UpstreamPool::attempts).
+asio::awaitable<bool> hold_exchange(RelayState& x, Duplex& d,
+                                    std::shared_ptr<const Request> request,
+                                    std::shared_ptr<RequestBodySource> source, UpstreamPool& pool) {
+  const std::shared_ptr<UpstreamPool::Wire>& wire = x.hold->wire;
+  const auto executor = d.up.get_executor();
+  if (source) {
+    // Each write within idle_timeout; the header's deadline starts once the body is out. The
+    // writer may run at once up to its first write: the read's expiry is cleared after it.
+    asio::co_spawn(executor,
+                   write_streamed_request(wire, request, std::move(source), x.upstream.idle_timeout,
+                                          x.upstream.request_timeout),
+                   common::log_on_exception("upstream request write failed"));
+    co_await download(x, d);
+    co_return x.stale;
+  }
+  HeldClock clock(x, d, pool.deadlines());
+  clock.watch_at = Clock::time_point::max();  // no client to watch
+  clock.head_by =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(x.upstream.request_timeout);
+  clock.deadline = clock.head_by;
+  clock.on_due = &HeldClock::due;
+  d.answer_by = clock.head_by;
+  common::DeadlineList::Guard guard(pool.deadlines(), clock);
+  const std::size_t sent = write_at_once(*wire, *request, pool.head_scratch());
+  if (wire->writing) {
+    asio::co_spawn(executor, write_request(wire, request, sent),
+                   common::log_on_exception("upstream request write failed"));
+  }
+  co_await download(x, d);
+  co_return x.stale;
 }
 
 /// C40: the upgrade is confirmed; relays the 101 with its Upgrade, then bytes both ways until a
 /// side closes, a read or write fails, or nothing moved for `limits.tunnel_idle_timeout`.
 asio::awaitable<void> tunnel(RelayState& x, Duplex& d) {
   using namespace asio::experimental::awaitable_operators;
-  auto& in = x.in;
+  auto& in = *x.in;
   auto& out = x.out;
   const Limits& limits = *in.limits;
   ByteStream up = d.up;
@@ -670,7 +1031,7 @@ asio::awaitable<void> tunnel(RelayState& x, Duplex& d) {
   if (!e1 && !e2) {
     StreamBuffer down_buffer(limits.stream_buffer);
     co_await (
-        pump(in.client, up, x.up_buffer, state, in_bytes, "client", limits.tunnel_idle_timeout) &&
+        pump(in.client, up, *x.up_buffer, state, in_bytes, "client", limits.tunnel_idle_timeout) &&
         pump(up, in.client, down_buffer, state, out_bytes, "upstream",
              limits.tunnel_idle_timeout) &&
         watchdog(state, limits.tunnel_idle_timeout, in.client, up));
@@ -717,11 +1078,11 @@ void set_host(bhttp::request<bhttp::buffer_body>& req, const common::HostPort& s
 void upstream_failed(RelayState& x, bool reached) {
   RelayOutcome& out = x.out;
   out.outcome = "upstream_error";
-  out.keep_alive = x.in.client_keep_alive && x.parser.is_done();
+  out.keep_alive = x.in->client_keep_alive && x.parser->is_done();
   const Problem problem = !reached      ? Problem::upstream_unreachable
                           : x.timed_out ? Problem::upstream_timeout
                                         : Problem::upstream_failed;
-  out.problem = make_problem(problem, x.failure, x.in.client_version, out.keep_alive);
+  out.problem = make_problem(problem, x.failure, x.in->client_version, out.keep_alive);
 }
 
 }  // namespace
@@ -800,7 +1161,12 @@ asio::awaitable<void> relay(RelayRequest& in, RelayOutcome& out) {
   }
   if (chunked_in) req.chunked(true);
 
-  RelayState x{in, out, parser, up_buffer, upstream};
+  RelayState x{out, upstream};
+  x.in = &in;
+  x.parser = &parser;
+  x.up_buffer = &up_buffer;
+  x.head = in.head;
+  x.websocket = in.websocket;
   // A short body of known length is read first: it can be sent again after a stale pooled
   // connection (C08). Longer and chunked bodies go out as they arrive.
   if (has_body && !chunked_in && parser.content_length() && *parser.content_length() <= piece) {
@@ -857,6 +1223,71 @@ asio::awaitable<void> relay(RelayRequest& in, RelayOutcome& out) {
     co_return;
   }
   co_await tunnel(x, *d);
+}
+
+asio::awaitable<ForwardResult> relay_held(UpstreamPool& pool, const Upstream& upstream_ref,
+                                          Request request_in, std::size_t hold_limit,
+                                          std::shared_ptr<RequestBodySource> body) {
+  // A copy: the reference is only promised until the first suspension.
+  const Upstream upstream = upstream_ref;
+  const auto start = Clock::now();
+  ForwardResult result;
+
+  request_in.version(11);
+  request_in.keep_alive(true);
+  request_in.erase(bhttp::field::transfer_encoding);
+  if (body) {
+    // Its length as the client declared it, else chunked (C50).
+    if (!request_in.has_content_length()) request_in.chunked(true);
+  } else if (!request_in.body().empty() || request_in.has_content_length()) {
+    request_in.content_length(request_in.body().size());
+  }
+  // An HTTP/1.0 client may omit Host, which an HTTP/1.1 request must carry (RFC 9112 §3.2).
+  const bool client_sent_host = request_in.count(bhttp::field::host) > 0;
+  auto request = std::make_shared<Request>(std::move(request_in));
+
+  RelayOutcome notes;
+  HeldAnswer answer;
+  answer.hold_limit = hold_limit;
+  RelayState x{notes, upstream};
+  x.hold = &answer;
+  x.head = request->method() == bhttp::verb::head;
+  std::optional<Duplex> d;
+  const auto exchange_on = [&](UpstreamPool::Lease& lease) {
+    x.server = lease.server;
+    if (!client_sent_host) request->set(bhttp::field::host, common::format_host_port(x.server));
+    answer.wire = std::make_shared<UpstreamPool::Wire>(std::move(lease));
+    d.emplace(UpstreamPool::stream_of(*answer.wire->lease.connection));
+    x.failure.clear();
+    x.stale = x.timed_out = false;
+    return hold_exchange(x, *d, request, body, pool);
+  };
+  // A body that follows as it arrives cannot be sent twice: a fresh connection (C08).
+  UpstreamPool::Attempts ran = co_await pool.attempts(upstream, body == nullptr, exchange_on);
+  if (!ran.exchanged) {
+    // Not reached at all, or a stale pooled connection whose reconnect failed.
+    result.kind =
+        ran.reached ? ForwardResult::Kind::unknown_outcome : ForwardResult::Kind::not_reached;
+    result.detail = ran.reached ? "a pooled connection closed; " + std::move(ran.lease.detail)
+                                : std::move(ran.lease.detail);
+  } else if (!x.failure.empty()) {
+    result.kind =
+        x.timed_out ? ForwardResult::Kind::timed_out : ForwardResult::Kind::unknown_outcome;
+    result.detail = std::move(x.failure);
+  } else {
+    result.kind = ForwardResult::Kind::response;
+    result.response = std::move(answer.response);
+    if (answer.pass_on) {
+      result.tail = std::make_shared<ResponseTail>(pool, upstream, std::move(answer.wire),
+                                                   std::move(d->rparser), std::move(d->ubuf),
+                                                   std::move(answer.prefix));
+    } else if (answer.reusable) {
+      pool.give_back(upstream, std::move(answer.wire->lease), answer.keep_alive);
+    }
+  }
+  result.upstream_time =
+      std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - start);
+  co_return result;
 }
 
 }  // namespace idemgate::http

@@ -2,7 +2,9 @@
 // The streaming relay (SPEC C38) and the upgrade tunnel (SPEC C40): a request the handler does
 // not hold (RequestHandler::holds) is passed to the upstream and its response back to the client as
 // the bytes arrive, with at most `limits.stream_buffer` bytes held per direction, and a 101 to a
-// WebSocket upgrade becomes a byte tunnel.
+// WebSocket upgrade becomes a byte tunnel. The same exchange serves held answers (relay_held,
+// UpstreamPool::forward): the response is read into a bounded body instead of written to a
+// client.
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
@@ -130,6 +132,14 @@ boost::asio::awaitable<void> relay(RelayRequest& request, RelayOutcome& outcome)
 boost::asio::awaitable<boost::system::error_code> write_response(
     ByteStream client, const boost::beast::http::response_header<>& header,
     boost::asio::const_buffer body, const Limits& limits);
+
+/// UpstreamPool::forward() (its contract is there), run by the relay's exchange with the
+/// answer held instead of written to a client: the request goes out whole, or from `body` as it
+/// arrives, while the answer is read (C47); its body is held up to `hold_limit` bytes and
+/// passed on past it (a ResponseTail, C39). Never throws for network errors.
+boost::asio::awaitable<ForwardResult> relay_held(UpstreamPool& pool, const Upstream& upstream,
+                                                 Request request, std::size_t hold_limit,
+                                                 std::shared_ptr<RequestBodySource> body);
 
 /// How sending a response with a ResponseTail ended.
 struct TailOutcome {

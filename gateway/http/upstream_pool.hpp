@@ -1,10 +1,12 @@
 #pragma once
-// Forwarding to upstream servers over pooled keep-alive connections (SPEC C03, C05, C06, C08,
-// C09), and the plain forwarding RequestHandler.
+// Pooled keep-alive connections to upstream servers, server selection and C08's retry (SPEC C03,
+// C05, C06, C08, C09), the Forwarder whose exchanges relay.hpp runs (relay_held), and the plain
+// forwarding RequestHandler.
 
 #include <array>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <chrono>
 #include <cstddef>
@@ -23,6 +25,8 @@
 namespace idemgate::http {
 
 /// A Forwarder with one keep-alive pool per upstream server. One instance per io thread.
+/// forward() is relay_held() (relay.hpp): the relay's exchange with the answer held, so held,
+/// streamed and upgraded requests reach the upstream through one client.
 ///
 /// - Servers are used round robin. Only a connect failure (refused, unreachable, past
 ///   `connect_timeout`) moves a request to the next server; once a byte was written the request
@@ -69,8 +73,7 @@ class UpstreamPool final : public Forwarder {
   std::size_t idle_connections(const std::string& upstream) const;
 
   struct Connection;  ///< one upstream connection, plain or TLS (defined in the .cpp)
-  /// A leased connection with the request being written on it (defined in the .cpp).
-  struct Wire;
+  struct Wire;        ///< a leased connection with a request being written on it
 
   /// A connection lent for one streamed exchange or tunnel (SPEC C38, C40); give it back with
   /// give_back() when its response ended cleanly, or let it go (closed) otherwise.
@@ -123,19 +126,18 @@ class UpstreamPool final : public Forwarder {
   /// The most bytes of a request head forward() renders itself (render_head) to write the
   /// request at once; a longer head goes through Beast's serializer.
   static constexpr std::size_t kRenderedHeadBytes = 16 * 1024;
+  /// Where forward() renders a request head to write it at once (one request at a time: the
+  /// bytes are written or copied before the next).
+  std::array<char, kRenderedHeadBytes>& head_scratch() { return *head_scratch_; }
+  /// The thread's deadline list of the pool: idle connections not yet watched, and the clocks
+  /// of forward()'s exchanges.
+  common::DeadlineList& deadlines() { return idle_watches_; }
 
  private:
   struct UpstreamState;
   /// The pool state of `upstream`, with its TLS context (re)built when needed; null with
   /// `error` set when the CA file cannot be loaded.
   UpstreamState* state_for(const Upstream& upstream, std::string& error);
-  struct Attempt;
-  /// One request and its response on `wire` (C47: written and read at once), into `attempt`;
-  /// true when the connection closed before any response byte (an attempts() exchange).
-  boost::asio::awaitable<bool> exchange(std::shared_ptr<Wire> wire,
-                                        std::shared_ptr<const Request> request,
-                                        const Upstream& upstream, bool head, std::size_t hold_limit,
-                                        std::shared_ptr<RequestBodySource> body, Attempt& attempt);
   std::unique_ptr<Connection> take_idle(UpstreamState& state, const common::HostPort& server);
   void put_idle(UpstreamState& state, const Upstream& upstream,
                 std::unique_ptr<Connection> connection);
@@ -147,12 +149,26 @@ class UpstreamPool final : public Forwarder {
   static constexpr std::chrono::milliseconds kIdleWatchAfter{100};
 
   boost::asio::any_io_executor executor_;
-  /// Pooled connections not yet watched; destroyed after the connections in upstreams_.
+  /// Pooled connections not yet watched, and forward()'s clocks; destroyed after the
+  /// connections in upstreams_.
   common::DeadlineList idle_watches_;
   std::map<std::string, std::unique_ptr<UpstreamState>, std::less<>> upstreams_;
-  /// Where forward() renders a request head to write it at once (one request at a time: the
-  /// bytes are written or copied before the next).
   std::unique_ptr<std::array<char, kRenderedHeadBytes>> head_scratch_;
+};
+
+/// A leased connection and the notes of the writer that sends a request on it, shared by the
+/// exchange and that writer (which may outlive it: C47) and, for a passed-on body, the
+/// ResponseTail.
+struct UpstreamPool::Wire {
+  explicit Wire(Lease l) : lease(std::move(l)) {}
+  Lease lease;
+  bool writing = true;  ///< the request is still being written
+  boost::system::error_code write_error;
+  // A request whose body follows as it arrives (RequestBodySource): the response header is
+  // awaited from the end of the request on, for request_timeout (as relay() does, C05).
+  bool answered = false;   ///< the response header arrived (or reading it failed)
+  bool timed_out = false;  ///< no response header within request_timeout of the request's end
+  std::optional<boost::asio::steady_timer> head_deadline;
 };
 
 template <class Exchange>
@@ -210,35 +226,8 @@ struct ResponseTail {
   std::shared_ptr<UpstreamPool::Wire> wire_;
 };
 
-/// How reading an upstream's response header ended (SPEC C03, C05, C08).
-struct ResponseHead {
-  boost::system::error_code error;  ///< the read failed: a timeout, EOF, reset, a parse error
-  bool got_bytes = false;  ///< response bytes had arrived: no stale pooled connection (C08)
-  std::string refused;     ///< why a header is no answer: a status under 100, an unasked 101
-};
-
 /// `upstream NAME (host:port)`: how a problem's detail names the server an exchange went to.
 std::string upstream_where(const Upstream& upstream, const common::HostPort& server);
-
-/// Why an exchange got no response, from how reading its header ended (SPEC C05, C08).
-struct NoResponse {
-  bool timed_out = false;  ///< no response header within request_timeout (→ 504)
-  bool stale = false;      ///< closed before any response byte: a retryable request may go again
-  std::string detail;      ///< what failed, for the problem's detail; empty when there is a header
-};
-
-/// Classifies `got` for both upstream clients: a timeout (of the read, of the write, or
-/// `timed_out` by the caller's deadline) is timed_out; a close or reset before any response
-/// byte is stale; a write failure before any response byte is named as such. Pure.
-NoResponse no_response(const ResponseHead& got, const boost::system::error_code& write_error,
-                       bool timed_out);
-
-/// Reads response headers from `stream`, each into a fresh `parser` (prepare_response_parser),
-/// dropping 1xx interim responses, until a final response, or a `101` when `upgrade` (SPEC C40).
-/// The stream's expiry is the caller's. `buffer` keeps what was read past the header.
-boost::asio::awaitable<ResponseHead> read_response_head(
-    ByteStream stream, boost::beast::flat_buffer& buffer,
-    std::unique_ptr<StreamResponseParser>& parser, bool head, bool upgrade);
 
 /// The response for a ForwardResult that holds none (SPEC C05): not_reached → 502
 /// `upstream-unreachable`, unknown_outcome → 502 `upstream-failed`, timed_out → 504
