@@ -674,8 +674,10 @@ asio::awaitable<void> hold_answer(RelayState& x, Duplex& d) {
                 (x.timed_out ? " gave no complete response within request_timeout"
                              : ": " + std::string(detail));
   };
-  // Trailer fields of a chunked body are merged into the fields by the parser: keep the header.
-  auto header = parser.get().base();
+  // Trailer fields of a chunked body are merged into the fields by the parser: its header is
+  // kept as it came. Any other header is taken from the parser once the body is read.
+  std::optional<bhttp::response_header<>> kept;
+  if (!parser.is_done() && parser.chunked()) kept.emplace(parser.get().base());
   const auto length = parser.content_length();
   std::string body;
   std::size_t filled = 0;
@@ -717,17 +719,21 @@ asio::awaitable<void> hold_answer(RelayState& x, Duplex& d) {
   }
   if (read_more) d.up.tcp().expires_never();
   body.resize(filled);
-  answer.keep_alive = keep_alive_timeout(header);
+  answer.keep_alive = keep_alive_timeout(kept ? *kept : parser.get().base());
   answer.pass_on = pass_on;
   if (pass_on) {
-    auto finished = finish_upstream_response(parser, std::move(header), {}, x.head, 0);
+    // The tail reads the rest through the parser, which keeps its header (ResponseTail::finish
+    // reads its Keep-Alive).
+    auto finished = finish_upstream_response(parser, kept ? std::move(*kept) : parser.get().base(),
+                                             {}, x.head, 0);
     finished.response.erase(bhttp::field::content_length);
     answer.response = std::move(finished.response);
     answer.prefix = std::move(body);
     co_return;
   }
   auto finished =
-      finish_upstream_response(parser, std::move(header), std::move(body), x.head, d.ubuf.size());
+      finish_upstream_response(parser, kept ? std::move(*kept) : std::move(parser.get().base()),
+                               std::move(body), x.head, d.ubuf.size());
   answer.response = std::move(finished.response);
   // A complete answer before the whole request went out (C47): the connection carries nothing
   // more, and the write still waiting on it ends.
