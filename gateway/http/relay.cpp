@@ -784,8 +784,14 @@ asio::awaitable<void> download(RelayState& x, Duplex& d) {
 /// download of a quick exchange. Past kWatchAfter it starts the client watch (C48); past
 /// `head_by` without a response header it closes the upstream connection (504).
 struct HeldClock : common::DeadlineList::Entry {
-  HeldClock(RelayState& state, Duplex& duplex, common::DeadlineList& deadlines)
-      : x(state), d(duplex), list(deadlines) {}
+  /// Due at the earlier of `watch` (the client watch starts; max: no client to watch) and
+  /// `head` (no response header by then → 504).
+  HeldClock(RelayState& state, Duplex& duplex, common::DeadlineList& deadlines,
+            Clock::time_point watch, Clock::time_point head)
+      : x(state), d(duplex), list(deadlines), watch_at(watch), head_by(head) {
+    deadline = std::min(watch_at, head_by);
+    on_due = &HeldClock::due;
+  }
   RelayState& x;
   Duplex& d;
   common::DeadlineList& list;
@@ -831,12 +837,8 @@ struct HeldClock : common::DeadlineList::Entry {
 asio::awaitable<bool> held_exchange(RelayState& x, Duplex& d, common::DeadlineList& deadlines) {
   const auto request_timeout =
       std::chrono::duration_cast<Clock::duration>(x.upstream.request_timeout);
-  HeldClock clock(x, d, deadlines);
   const auto start = Clock::now();
-  clock.watch_at = start + kWatchAfter;
-  clock.head_by = start + request_timeout;
-  clock.deadline = std::min(clock.watch_at, clock.head_by);
-  clock.on_due = &HeldClock::due;
+  HeldClock clock(x, d, deadlines, start + kWatchAfter, start + request_timeout);
   {
     common::DeadlineList::Guard guard(deadlines, clock);
     d.up.tcp().expires_never();  // timed by the clock, not by a deadline left from the connect
@@ -975,13 +977,9 @@ asio::awaitable<bool> hold_exchange(RelayState& x, Duplex& d,
     co_await download(x, d);
     co_return x.stale;
   }
-  HeldClock clock(x, d, pool.deadlines());
-  clock.watch_at = Clock::time_point::max();  // no client to watch
-  clock.head_by =
+  d.answer_by =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(x.upstream.request_timeout);
-  clock.deadline = clock.head_by;
-  clock.on_due = &HeldClock::due;
-  d.answer_by = clock.head_by;
+  HeldClock clock(x, d, pool.deadlines(), Clock::time_point::max(), d.answer_by);
   common::DeadlineList::Guard guard(pool.deadlines(), clock);
   const std::size_t sent = write_at_once(*wire, *request, pool.head_scratch());
   if (wire->writing) {
@@ -1076,8 +1074,8 @@ void body_failed(RelayOutcome& out, const error_code& ec) {
 }
 
 /// A request without Host (HTTP/1.0) gets the upstream server's `host:port`.
-void set_host(bhttp::request<bhttp::buffer_body>& req, const common::HostPort& server) {
-  req.set(bhttp::field::host, common::format_host_port(server));
+void set_host(bhttp::fields& fields, const common::HostPort& server) {
+  fields.set(bhttp::field::host, common::format_host_port(server));
 }
 
 /// No response from the upstream: the problem answer the session writes (C05).
@@ -1261,7 +1259,7 @@ asio::awaitable<ForwardResult> relay_held(UpstreamPool& pool, const Upstream& up
   std::optional<Duplex> d;
   const auto exchange_on = [&](UpstreamPool::Lease& lease) {
     x.server = lease.server;
-    if (!client_sent_host) request->set(bhttp::field::host, common::format_host_port(x.server));
+    if (!client_sent_host) set_host(*request, x.server);
     answer.wire = std::make_shared<UpstreamPool::Wire>(std::move(lease));
     d.emplace(UpstreamPool::stream_of(*answer.wire->lease.connection));
     x.failure.clear();
