@@ -808,8 +808,9 @@ struct HeldClock : common::DeadlineList::Entry {
       d.up.tcp().close();  // the download fails and reports the timeout
       return false;
     }
-    if (x.in && !watch_started && now >= watch_at) start_watch();
-    if (d.answered && (watch_started || !x.in)) return false;
+    if (!watch_started && now >= watch_at) start_watch();
+    // Answered: nothing left to do but a watch still to start.
+    if (d.answered && (watch_started || watch_at == Clock::time_point::max())) return false;
     deadline = d.answered ? watch_at : watch_started ? head_by : std::min(watch_at, head_by);
     return true;
   }
