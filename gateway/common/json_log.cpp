@@ -10,8 +10,11 @@
 #include <boost/json/serialize.hpp>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <limits>
 #include <mutex>
@@ -30,17 +33,41 @@ void append(Buffer& out, std::string_view text) {
   out.append(text.data(), text.data() + text.size());
 }
 
+// True when one of the 8 bytes of `word` is below 0x20, `"` or `\\`: a byte to escape. A word
+// with none is copied as it is. (Per byte, `(b - n) & ~b & 0x80` is set for b < n <= 0x80; a
+// borrow from a byte that is set may set a higher one, which only sends the word to the byte
+// loop. Bytes of 0x80 and above have ~b's high bit clear and never count.)
+bool word_needs_escape(std::uint64_t word) {
+  constexpr std::uint64_t kOnes = 0x0101010101010101ULL;
+  constexpr std::uint64_t kHighs = 0x8080808080808080ULL;
+  const auto below = [&](std::uint64_t w, unsigned n) { return (w - kOnes * n) & ~w & kHighs; };
+  return (below(word, 0x20) | below(word ^ (kOnes * '"'), 1) | below(word ^ (kOnes * '\\'), 1)) !=
+         0;
+}
+
 // The escaping of boost::json::serialize: `"` and `\`, the short escapes \b \t \n \f \r, other
-// control characters as \u00XX; every other byte as it is.
+// control characters as \u00XX; every other byte as it is. Runs of plain bytes are found eight
+// at a time and appended at once.
 void append_string(Buffer& out, std::string_view text) {
   static constexpr char kHexDigits[] = "0123456789abcdef";
   out.push_back('"');
+  const char* const data = text.data();
+  const std::size_t size = text.size();
   std::size_t plain = 0;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const auto c = static_cast<unsigned char>(text[i]);
+  std::size_t i = 0;
+  while (i < size) {
+    if (size - i >= 8) {
+      std::uint64_t word;
+      std::memcpy(&word, data + i, sizeof word);
+      if (!word_needs_escape(word)) {
+        i += 8;
+        continue;
+      }
+    }
+    const auto c = static_cast<unsigned char>(data[i++]);
     if (c >= 0x20 && c != '"' && c != '\\') continue;
-    append(out, text.substr(plain, i - plain));
-    plain = i + 1;
+    out.append(data + plain, data + i - 1);
+    plain = i;
     out.push_back('\\');
     switch (c) {
       case '"':
@@ -70,7 +97,7 @@ void append_string(Buffer& out, std::string_view text) {
         out.push_back(kHexDigits[c & 15]);
     }
   }
-  append(out, text.substr(plain));
+  out.append(data + plain, data + size);
   out.push_back('"');
 }
 
@@ -82,8 +109,21 @@ void append_integer(Buffer& out, Integer value) {
   out.append(text, end);
 }
 
-// `value` with three decimals, as fmt's {:.3f}.
+// `value` with three decimals, as fmt's {:.3f}. A duration (finite, 0 to 10^12) is rendered
+// from its thousandths as an integer, rounded half away from zero (std::llround): this differs
+// from the exact rounding of std::to_chars only for a value within one ulp of a half-thousandth.
+// Anything else goes through std::to_chars, which costs about ten times more.
 void append_fixed3(Buffer& out, double value) {
+  if (value >= 0.0 && value < 1e12) {
+    const long long thousandths = std::llround(value * 1000.0);
+    append_integer(out, thousandths / 1000);
+    const auto fraction = static_cast<int>(thousandths % 1000);
+    const char digits[] = {'.', static_cast<char>('0' + fraction / 100),
+                           static_cast<char>('0' + fraction / 10 % 10),
+                           static_cast<char>('0' + fraction % 10)};
+    out.append(digits, digits + sizeof digits);
+    return;
+  }
   char text[48];
   const auto [end, ec] =
       std::to_chars(text, text + sizeof text, value, std::chars_format::fixed, 3);
@@ -443,35 +483,35 @@ void log_access(std::chrono::system_clock::time_point time, std::string_view rou
   auto& line = render_buffer();
   append_head(line, "info", time);
   append(line, ",\"msg\":\"access\"");
-  append_key(line, "route");
+  append(line, ",\"route\":");
   append_string(line, route);
-  append_key(line, "method");
+  append(line, ",\"method\":");
   append_string(line, method);
-  append_key(line, "target");
+  append(line, ",\"target\":");
   append_string(line, target);
-  append_key(line, "status");
+  append(line, ",\"status\":");
   append_integer(line, status);
-  append_key(line, "outcome");
+  append(line, ",\"outcome\":");
   append_string(line, outcome);
-  append_key(line, "key_hash");
+  append(line, ",\"key_hash\":");
   append_string(line, key_hash);
-  append_key(line, "upstream_ms");
+  append(line, ",\"upstream_ms\":");
   append_fixed3(line, upstream_ms);
-  append_key(line, "total_ms");
+  append(line, ",\"total_ms\":");
   append_fixed3(line, total_ms);
-  append_key(line, "client");
+  append(line, ",\"client\":");
   append_string(line, client);
   append(line, written ? ",\"written\":true" : ",\"written\":false");
-  append_key(line, "request_id");
+  append(line, ",\"request_id\":");
   append_string(line, request_id);
-  append_key(line, "trace_id");
+  append(line, ",\"trace_id\":");
   append_string(line, trace_id);
   if (!ended.empty()) {
-    append_key(line, "ended");
+    append(line, ",\"ended\":");
     append_string(line, ended);
   }
   if (!protocol.empty()) {
-    append_key(line, "protocol");
+    append(line, ",\"protocol\":");
     append_string(line, protocol);
   }
   line.push_back('}');

@@ -215,6 +215,40 @@ BOOST_AUTO_TEST_CASE(spec_C32_fields_are_written_as_boost_json_writes_them_in_th
   BOOST_TEST(json::parse(text).as_object().at("text").as_string() == kAwkward);
 }
 
+BOOST_AUTO_TEST_CASE(spec_C32_strings_are_escaped_as_boost_json_escapes_them_at_every_position) {
+  // Plain bytes are skipped eight at a time: a byte to escape at each place of a word, and in
+  // the bytes after the last whole word, comes out as Boost.JSON writes it.
+  Capture capture;
+  for (const char special : {'"', '\\', '\n', '\x01', '\x1f'}) {
+    for (std::size_t at = 0; at < 21; ++at) {
+      std::string text(21, 'a');
+      text[at] = special;
+      text[20 - at / 2] = static_cast<char>(0xc3);  // a byte over 0x7f is never escaped
+      log_json(spdlog::level::info, "m", {{"text", text}});
+      const auto& line = capture.sink->lines.back();
+      BOOST_TEST(line.ends_with(",\"text\":" + json::serialize(json::string_view(text)) + "}"),
+                 line);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(spec_C32_durations_have_three_decimals) {
+  Capture capture;
+  const std::pair<double, std::string_view> cases[] = {{0.0, "0.000"},
+                                                       {0.0004, "0.000"},
+                                                       {0.0006, "0.001"},
+                                                       {1.5, "1.500"},
+                                                       {12.3456, "12.346"},
+                                                       {999.9996, "1000.000"},
+                                                       {86'400'000.25, "86400000.250"},
+                                                       {2e12, "2000000000000.000"}};
+  for (const auto& [ms, text] : cases) {
+    log_json(spdlog::level::info, "m", {{"ms", ms}});
+    const auto& line = capture.sink->lines.back();
+    BOOST_TEST(line.ends_with(",\"ms\":" + std::string(text) + "}"), line);
+  }
+}
+
 BOOST_AUTO_TEST_CASE(batched_logger_writes_whole_lines_in_each_threads_order) {
   PipeReader pipe;
   pipe.start();
