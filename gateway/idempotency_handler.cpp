@@ -12,6 +12,7 @@
 #include "gateway/core/fingerprint.hpp"
 #include "gateway/core/idempotency_key.hpp"
 #include "gateway/cors.hpp"
+#include "gateway/http/headers.hpp"
 #include "gateway/http/problem.hpp"
 #include "gateway/http/upstream_pool.hpp"
 #include "gateway/request_identity.hpp"
@@ -153,9 +154,7 @@ void IdempotencyHandler::add_route_fields(const config::Route& route, std::strin
 }
 
 void IdempotencyHandler::strip_owned_fields(bhttp::fields& fields) const {
-  fields.erase(kReplayedField);
-  fields.erase(kBodyOmittedField);
-  fields.erase(kStatusField);
+  http::erase_fields(fields, {kReplayedField, kBodyOmittedField, kStatusField});
 }
 
 asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange exchange) {

@@ -25,9 +25,16 @@ double to_ms(std::chrono::microseconds us) {
 }
 
 void prepare_forwarded(bhttp::fields& fields, std::string_view client_ip, std::string_view proto) {
+  AddedFields added;
+  prepare_forwarded(fields, client_ip, proto, added);
+  added.insert_into(fields);
+}
+
+void prepare_forwarded(bhttp::fields& fields, std::string_view client_ip, std::string_view proto,
+                       AddedFields& added) {
   strip_hop_by_hop(fields);
-  fields.erase(bhttp::field::expect);
-  add_forwarding_fields(fields, client_ip, proto);
+  erase_fields(fields, {"Expect"});
+  add_forwarding_fields(fields, client_ip, proto, added);
 }
 
 Response shed_response(std::string detail, unsigned version, bool keep_alive) {

@@ -10,6 +10,7 @@
 
 #include "gateway/http/admission.hpp"
 #include "gateway/http/handler.hpp"
+#include "gateway/http/headers.hpp"
 #include "gateway/http/settings.hpp"
 
 namespace idemgate::http {
@@ -19,6 +20,10 @@ namespace idemgate::http {
 /// `client_ip` and `proto` (`http` or `https`).
 void prepare_forwarded(boost::beast::http::fields& fields, std::string_view client_ip,
                        std::string_view proto);
+/// The same, with the forwarding fields the request does not carry yet added to `added`
+/// (add_forwarding_fields).
+void prepare_forwarded(boost::beast::http::fields& fields, std::string_view client_ip,
+                       std::string_view proto, AddedFields& added);
 
 /// 503 `overloaded` with `Retry-After: 1` (SPEC C52, C53).
 Response shed_response(std::string detail, unsigned version, bool keep_alive);

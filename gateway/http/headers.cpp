@@ -85,7 +85,7 @@ void strip_hop_by_hop(Fields& fields) {
 }
 
 void append_to_list(Fields& fields, std::string_view name, std::string_view value) {
-  if (fields.find(name) == fields.end()) {  // the usual case: the list begins here
+  if (find_field(fields, name) == fields.end()) {  // the usual case: the list begins here
     fields.insert(name, value);
     return;
   }
@@ -102,15 +102,102 @@ void append_to_list(Fields& fields, std::string_view name, std::string_view valu
   fields.set(name, joined);
 }
 
-void add_forwarding_fields(Fields& fields, std::string_view client_ip, std::string_view proto) {
-  append_to_list(fields, "X-Forwarded-For", client_ip);
-  fields.set("X-Forwarded-Proto", proto);
-  if (const auto host = fields.find(bhttp::field::host); host != fields.end()) {
-    fields.set("X-Forwarded-Host", host->value());
-  } else {
-    fields.erase("X-Forwarded-Host");
+namespace {
+
+bool named(const Fields::value_type& field, std::string_view name) {
+  return field.name_string().size() == name.size() &&
+         boost::beast::iequals(field.name_string(), name);
+}
+
+}  // namespace
+
+Fields::const_iterator find_field(const Fields& fields, std::string_view name) {
+  return std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return named(f, name); });
+}
+
+Fields::const_iterator find_next_field(const Fields& fields, Fields::const_iterator after) {
+  const auto name = after->name_string();
+  return std::find_if(std::next(after), fields.end(),
+                      [&](const auto& f) { return named(f, name); });
+}
+
+Fields::const_iterator find_field(const Fields& fields, bhttp::field name) {
+  return std::find_if(fields.begin(), fields.end(),
+                      [&](const auto& f) { return f.name() == name; });
+}
+
+void erase_fields(Fields& fields, std::initializer_list<std::string_view> names) {
+  for (auto it = fields.begin(); it != fields.end();) {
+    const bool listed = std::any_of(names.begin(), names.end(),
+                                    [&](std::string_view name) { return named(*it, name); });
+    it = listed ? fields.erase(it) : std::next(it);
   }
-  append_to_list(fields, "Via", kViaEntry);
+}
+
+void AddedFields::add(std::string_view name, std::string_view value) {
+  text_.insert(text_.end(), name.begin(), name.end());
+  text_.push_back(':');
+  text_.push_back(' ');
+  text_.insert(text_.end(), value.begin(), value.end());
+  text_.push_back('\r');
+  text_.push_back('\n');
+}
+
+void AddedFields::insert_into(Fields& fields) const {
+  std::string_view rest = lines();
+  while (!rest.empty()) {
+    const auto colon = rest.find(':');  // a field name holds no colon
+    const auto end = rest.find("\r\n", colon);
+    fields.insert(rest.substr(0, colon), rest.substr(colon + 2, end - colon - 2));
+    rest.remove_prefix(end + 2);
+  }
+}
+
+void replace_field(Fields& fields, std::string_view name, std::string_view value,
+                   AddedFields& added) {
+  erase_fields(fields, {name});
+  added.add(name, value);
+}
+
+void append_to_list(Fields& fields, std::string_view name, std::string_view value,
+                    AddedFields& added) {
+  if (find_field(fields, name) == fields.end()) {
+    added.add(name, value);
+  } else {
+    append_to_list(fields, name, value);
+  }
+}
+
+void set_content_length(Fields& fields, std::uint64_t length) {
+  char text[24];
+  const std::string_view digits(text, std::to_chars(text, text + sizeof text, length).ptr - text);
+  std::size_t count = 0;
+  bool same = false;
+  for (const auto& f : fields) {
+    if (f.name() != bhttp::field::content_length) continue;
+    ++count;
+    same = f.value() == digits;
+  }
+  if (count == 1 && same) return;
+  fields.set(bhttp::field::content_length, digits);
+}
+
+void add_forwarding_fields(Fields& fields, std::string_view client_ip, std::string_view proto,
+                           AddedFields& added) {
+  append_to_list(fields, "X-Forwarded-For", client_ip, added);
+  replace_field(fields, "X-Forwarded-Proto", proto, added);
+  if (const auto host = find_field(fields, bhttp::field::host); host != fields.end()) {
+    replace_field(fields, "X-Forwarded-Host", host->value(), added);
+  } else {
+    erase_fields(fields, {"X-Forwarded-Host"});
+  }
+  append_to_list(fields, "Via", kViaEntry, added);
+}
+
+void add_forwarding_fields(Fields& fields, std::string_view client_ip, std::string_view proto) {
+  AddedFields added;
+  add_forwarding_fields(fields, client_ip, proto, added);
+  added.insert_into(fields);
 }
 
 std::optional<std::chrono::seconds> keep_alive_timeout(const Fields& fields) {
@@ -219,6 +306,7 @@ struct HeadWriter {
   bool full = false;
 
   void put(std::string_view bytes) {
+    if (bytes.empty()) return;  // its data() may be null, which memcpy must not get
     if (full || bytes.size() > capacity - size) {
       full = true;
       return;
@@ -233,13 +321,14 @@ struct HeadWriter {
                          '.', static_cast<char>('0' + version % 10)};
     put({text, sizeof text});
   }
-  std::size_t fields_and_end(const Fields& fields) {
+  std::size_t fields_and_end(const Fields& fields, std::string_view added) {
     for (const auto& field : fields) {
       put(field.name_string());
       put(": ");
       put(field.value());
       put("\r\n");
     }
+    put(added);
     put("\r\n");
     return full ? 0 : size;
   }
@@ -250,7 +339,8 @@ struct HeadWriter {
 /// What Beast's obsolete_reason() gives a status it has no phrase for.
 constexpr std::string_view kUnknownReason = "<unknown-status>";
 
-std::size_t render_head(const bhttp::response_header<>& header, char* out, std::size_t capacity) {
+std::size_t render_head(const bhttp::response_header<>& header, char* out, std::size_t capacity,
+                        std::string_view added) {
   HeadWriter w{out, capacity};
   w.put_version(header.version());
   const unsigned code = header.result_int();
@@ -263,10 +353,11 @@ std::size_t render_head(const bhttp::response_header<>& header, char* out, std::
   const std::string_view reason(header.reason().data(), header.reason().size());
   if (reason != kUnknownReason) w.put(reason);
   w.put("\r\n");
-  return w.fields_and_end(header);
+  return w.fields_and_end(header, added);
 }
 
-std::size_t render_head(const bhttp::request_header<>& header, char* out, std::size_t capacity) {
+std::size_t render_head(const bhttp::request_header<>& header, char* out, std::size_t capacity,
+                        std::string_view added) {
   HeadWriter w{out, capacity};
   w.put({header.method_string().data(), header.method_string().size()});
   w.put(" ");
@@ -274,7 +365,7 @@ std::size_t render_head(const bhttp::request_header<>& header, char* out, std::s
   w.put(" ");
   w.put_version(header.version());
   w.put("\r\n");
-  return w.fields_and_end(header);
+  return w.fields_and_end(header, added);
 }
 
 }  // namespace idemgate::http

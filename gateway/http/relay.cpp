@@ -330,13 +330,13 @@ bool frame_streamed(bhttp::response<bhttp::buffer_body>& res, const StreamRespon
   if (!status_has_body(res.result_int())) {
     res.erase(bhttp::field::content_length);
   } else if (const auto length = from.content_length(); length || head) {
-    if (length) res.content_length(*length);
+    if (length) set_content_length(res.base(), *length);
   } else if (res.version() >= 11) {
     res.chunked(true);
   } else {
     keep_alive = false;  // HTTP/1.0: the body ends with the connection (C03)
   }
-  res.keep_alive(keep_alive);
+  set_keep_alive(res, keep_alive);
   return keep_alive;
 }
 
@@ -352,13 +352,13 @@ std::optional<std::size_t> whole_body_read(const StreamResponseParser& parser,
   return static_cast<std::size_t>(*length);
 }
 
-/// Writes `header` and `body`: the head rendered into `scratch` and sent with the body in one
-/// write; what the socket does not take at once follows piece by piece, each within `timeout`.
-/// The serializer writes a head that does not fit `scratch`.
+/// Writes a response head and `body`: the head that render_head put into scratch[0, head_size)
+/// goes with the body in one write; what the socket does not take at once follows piece by
+/// piece, each within `timeout`. A head_size of 0 (a head that did not fit) has the serializer
+/// write `header` first.
 asio::awaitable<error_code> write_whole(ByteStream client, const bhttp::response_header<>& header,
-                                        asio::const_buffer body, StreamBuffer& scratch,
-                                        Duration timeout) {
-  const std::size_t head_size = render_head(header, scratch.data(), scratch.size());
+                                        std::size_t head_size, asio::const_buffer body,
+                                        StreamBuffer& scratch, Duration timeout) {
   if (head_size == 0) {
     client.tcp().expires_after(timeout);
     bhttp::response<bhttp::empty_body> head_only{header};
@@ -470,13 +470,14 @@ struct RelayState {
   HeldAnswer* hold = nullptr;             ///< relay_held(): where the answer goes
   RelayOutcome& out;
   const Upstream& upstream;
-  bool head = false;        ///< a HEAD request: the response has no body
-  bool websocket = false;   ///< a 101 to it opens a tunnel (C40)
-  std::size_t held = 0;     ///< a retryable request's body, read whole into up_buffer
-  bool retryable = true;    ///< the request may go out again on a fresh connection (C08)
-  common::HostPort server;  ///< the upstream server of the current attempt
-  std::string failure;      ///< why there is no response (→ 502/504)
-  bool stale = false;       ///< closed before answering: a retryable request may go again (C08)
+  bool head = false;             ///< a HEAD request: the response has no body
+  bool websocket = false;        ///< a 101 to it opens a tunnel (C40)
+  std::size_t held = 0;          ///< a retryable request's body, read whole into up_buffer
+  bool retryable = true;         ///< the request may go out again on a fresh connection (C08)
+  bool added_as_fields = false;  ///< relay(): the session's added lines are fields (add_as_fields)
+  common::HostPort server;       ///< the upstream server of the current attempt
+  std::string failure;           ///< why there is no response (→ 502/504)
+  bool stale = false;  ///< closed before answering: a retryable request may go again (C08)
   bool timed_out = false;
   bool tunnel = false;    ///< a 101 to a WebSocket request arrived: the tunnel follows
   bool reusable = false;  ///< the upstream connection may go back to the pool
@@ -528,16 +529,27 @@ asio::awaitable<void> header_deadline(Duplex& d, Clock::time_point head_by) {
 /// The request whose body is held whole in up_buffer[0, held) (C08) as one write: its head
 /// rendered behind the body in the same buffer; nullopt when the head does not fit there.
 std::optional<std::array<asio::const_buffer, 2>> held_request(RelayState& x) {
-  const std::size_t head_size =
-      render_head(x.parser->get(), x.up_buffer->data() + x.held, x.up_buffer->size() - x.held);
+  const std::string_view added =
+      x.in->added && !x.added_as_fields ? x.in->added->lines() : std::string_view{};
+  const std::size_t head_size = render_head(x.parser->get(), x.up_buffer->data() + x.held,
+                                            x.up_buffer->size() - x.held, added);
   if (head_size == 0) return std::nullopt;
   return std::array<asio::const_buffer, 2>{asio::buffer(x.up_buffer->data() + x.held, head_size),
                                            asio::buffer(x.up_buffer->data(), x.held)};
 }
 
+/// The session's added lines (RelayRequest::added) as fields of the request, once: for a head
+/// that Beast's serializer writes.
+void add_as_fields(RelayState& x) {
+  if (!x.in->added || x.added_as_fields) return;
+  x.in->added->insert_into(x.parser->get());
+  x.added_as_fields = true;
+}
+
 /// Writes a request whose body is held whole when held_request() found no room for its head:
 /// through Beast's serializer.
 asio::awaitable<error_code> send_serialized(RelayState& x, Duplex& d) {
+  add_as_fields(x);
   auto& req = x.parser->get();
   req.body().data = x.held == 0 ? nullptr : x.up_buffer->data();
   req.body().size = x.held;
@@ -556,6 +568,7 @@ asio::awaitable<void> upload(RelayState& x, Duplex& d) {
   auto& req = x.parser->get();
   error_code wec;
   d.deadline = std::make_unique<asio::steady_timer>(in.client.get_executor());
+  add_as_fields(x);
   bhttp::request_serializer<bhttp::buffer_body> sr{req};
   d.up.tcp().expires_after(x.upstream.idle_timeout);
   auto [ec, n] = co_await bhttp::async_write_header(d.up, sr, use_nothrow);
@@ -611,6 +624,22 @@ asio::awaitable<void> upload(RelayState& x, Duplex& d) {
   }
 }
 
+/// Adds to the response header what the gateway adds to every answer: a fresh `Date`, `Via`
+/// and the request's id (C02, C32). With `out`, the head is rendered into it with those fields
+/// as lines after the upstream's (no field element for them) and its size returned; without,
+/// or when it does not fit, they become fields and 0 is returned. A plain function: the lines
+/// stay out of respond()'s coroutine frame.
+std::size_t finish_head(const RelayRequest& in, bhttp::response_header<>& header,
+                        StreamBuffer* out) {
+  AddedFields added;
+  replace_field(header, "Date", common::http_date_now(), added);
+  append_to_list(header, "Via", kViaEntry, added);
+  if (!in.request_id.empty()) replace_field(header, in.request_id_header, in.request_id, added);
+  const std::size_t size = out ? render_head(header, out->data(), out->size(), added.lines()) : 0;
+  if (size == 0) added.insert_into(header);
+  return size;
+}
+
 /// The response header arrived: relay it and its body to the client (C38).
 asio::awaitable<void> respond(RelayState& x, Duplex& d) {
   auto& in = *x.in;
@@ -630,9 +659,6 @@ asio::awaitable<void> respond(RelayState& x, Duplex& d) {
   in.handler->strip_owned_fields(res.base());
   if (in.route) in.handler->add_route_fields(*in.route, in.origin, res.base());
   res.version(in.client_version);
-  res.set(bhttp::field::date, common::http_date_now());
-  append_to_list(res.base(), "Via", kViaEntry);
-  if (!in.request_id.empty()) res.set(in.request_id_header, in.request_id);
   // An answer that comes before the request body has all arrived closes the connection after
   // it: the rest of the body may never be read (C47).
   out.keep_alive =
@@ -640,11 +666,14 @@ asio::awaitable<void> respond(RelayState& x, Duplex& d) {
 
   StreamBuffer down(limits.stream_buffer);
   error_code ec;
-  if (const auto whole = whole_body_read(rparser, d.ubuf, in.head)) {
+  const auto whole = whole_body_read(rparser, d.ubuf, in.head);
+  const std::size_t head_size = finish_head(in, res.base(), whole ? &down : nullptr);
+  if (whole) {
     // The usual answer: its body (if any) came with the header. The head is rendered and goes
     // out with the body in one write.
-    ec = co_await write_whole(in.client, res.base(), asio::buffer(d.ubuf.data().data(), *whole),
-                              down, limits.idle_timeout);
+    ec =
+        co_await write_whole(in.client, res.base(), head_size,
+                             asio::buffer(d.ubuf.data().data(), *whole), down, limits.idle_timeout);
     d.ubuf.consume(*whole);
     if (ec) note_cut(out, "writing the response failed: " + ec.message());
   } else {
@@ -1096,7 +1125,8 @@ asio::awaitable<error_code> write_response(ByteStream client,
                                            const bhttp::response_header<>& header,
                                            asio::const_buffer body, const Limits& limits) {
   StreamBuffer scratch(limits.stream_buffer);
-  co_return co_await write_whole(client, header, body, scratch, limits.idle_timeout);
+  const std::size_t head_size = render_head(header, scratch.data(), scratch.size());
+  co_return co_await write_whole(client, header, head_size, body, scratch, limits.idle_timeout);
 }
 
 asio::awaitable<TailOutcome> send_tail(ByteStream client, const bhttp::response_header<>& header,
@@ -1162,7 +1192,7 @@ asio::awaitable<void> relay(RelayRequest& in, RelayOutcome& out) {
     req.set(bhttp::field::connection, "upgrade");
     req.set(bhttp::field::upgrade, "websocket");
   } else {
-    req.keep_alive(true);
+    set_keep_alive(req, true);
   }
   if (chunked_in) req.chunked(true);
 
@@ -1239,7 +1269,7 @@ asio::awaitable<ForwardResult> relay_held(UpstreamPool& pool, const Upstream& up
   ForwardResult result;
 
   request_in.version(11);
-  request_in.keep_alive(true);
+  set_keep_alive(request_in, true);
   request_in.erase(bhttp::field::transfer_encoding);
   if (body) {
     // Its length as the client declared it, else chunked (C50).

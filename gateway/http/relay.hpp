@@ -20,6 +20,7 @@
 
 #include "gateway/http/byte_stream.hpp"
 #include "gateway/http/handler.hpp"
+#include "gateway/http/headers.hpp"
 #include "gateway/http/settings.hpp"
 #include "gateway/http/upstream_pool.hpp"
 
@@ -61,6 +62,10 @@ struct RelayRequest {
   std::string_view origin;
   /// Called when a tunnel opens (true) and closes (false), for the open-tunnels gauge.
   std::function<void(bool)> tunnel_observer;
+  /// Lines the session adds to the request (forwarding fields, a generated request id), in the
+  /// same lifetime: rendered after the header's fields, or made fields of it where Beast's
+  /// serializer writes the head. Null: none.
+  const AddedFields* added = nullptr;
   /// The request's id ("" when none) and the field that carries it: set on the response header
   /// in place of any the upstream sent (conf/REFERENCE.md, "request_id"). Both point into what
   /// the session holds until relay() returns.

@@ -24,9 +24,18 @@ void generate_request_id(char (&out)[kGeneratedRequestIdBytes]) {
 
 std::string_view apply_request_id(boost::beast::http::fields& fields, const RequestId& config,
                                   std::string& storage) {
-  const auto found = fields.find(config.header);
+  AddedFields added;
+  const std::string_view id = apply_request_id(fields, config, storage, added);
+  added.insert_into(fields);
+  return id;
+}
+
+std::string_view apply_request_id(boost::beast::http::fields& fields, const RequestId& config,
+                                  std::string& storage, AddedFields& added) {
+  // One pass: the first such field and whether there is another.
+  const auto found = find_field(fields, config.header);
   if (found != fields.end() && valid_request_id(found->value()) &&
-      fields.count(config.header) == 1) {
+      find_next_field(fields, found) == fields.end()) {
     storage.assign(found->value().data(), found->value().size());
     return storage;
   }
@@ -37,7 +46,7 @@ std::string_view apply_request_id(boost::beast::http::fields& fields, const Requ
   char id[kGeneratedRequestIdBytes];
   generate_request_id(id);
   storage.assign(id, sizeof id);
-  fields.set(config.header, storage);
+  replace_field(fields, config.header, storage, added);
   return storage;
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "gateway/http/headers.hpp"
 #include "gateway/http/settings.hpp"
 
 namespace idemgate::http {
@@ -40,5 +41,9 @@ void generate_request_id(char (&out)[kGeneratedRequestIdBytes]);
 /// returned view points into it. Returns "" when the request has no id.
 std::string_view apply_request_id(boost::beast::http::fields& fields, const RequestId& config,
                                   std::string& storage);
+/// The same, with a generated id's field added to `added` instead of `fields` (any such field
+/// of the request is still removed from `fields`).
+std::string_view apply_request_id(boost::beast::http::fields& fields, const RequestId& config,
+                                  std::string& storage, AddedFields& added);
 
 }  // namespace idemgate::http

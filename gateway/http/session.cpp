@@ -233,7 +233,8 @@ class BasicSession final : public Session {
   /// client preface (SPEC C49), reading more while they are a beginning of it.
   asio::awaitable<bool> starts_h2(beast::flat_buffer& buffer);
   /// Sets request_id_ and trace_id_ for the request whose header is `fields` (nullptr: the
-  /// header could not be parsed) and makes its id field agree (apply_request_id).
+  /// header could not be parsed) and makes its id field agree (apply_request_id): a generated
+  /// id's field goes to added_.
   void take_ids(bhttp::fields* fields, const RequestId& ids);
 
   Stream stream_;
@@ -245,6 +246,10 @@ class BasicSession final : public Session {
   /// The current request's id and trace id ("" when none); their capacity is reused.
   std::string request_id_;
   std::string trace_id_;
+  /// The fields the gateway adds to the current request (a generated id, the forwarding
+  /// fields), as lines: the relay renders them after the request's own; a held request gets
+  /// them as fields (serve_held).
+  AddedFields added_;
   /// Set while the connection speaks HTTP/2 (C49).
   std::unique_ptr<H2Connection> h2_;
   /// The current request's parsers, built in place for each request: kept out of the
@@ -405,13 +410,14 @@ asio::awaitable<bool> BasicSession<Stream>::starts_h2(beast::flat_buffer& buffer
 
 template <class Stream>
 void BasicSession<Stream>::take_ids(bhttp::fields* fields, const RequestId& ids) {
+  added_.clear();
   if (fields == nullptr) {
     bhttp::fields none;
     apply_request_id(none, ids, request_id_);
     trace_id_.clear();
     return;
   }
-  apply_request_id(*fields, ids, request_id_);
+  apply_request_id(*fields, ids, request_id_, added_);
   trace_id_.assign(request_trace_id(*fields));
 }
 
@@ -634,6 +640,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_held(
   // Beast's parser reads every Connection field line; the message's keep_alive() only the first.
   const bool asked_keep_alive = !reject && parser.is_header_done() && parser.keep_alive();
   Request request = parser.release();
+  added_.insert_into(request.base());
   const std::string method(request.method_string());
   const std::string target(request.target());
   const bool head = request.method() == bhttp::verb::head;
@@ -685,13 +692,11 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
       beast::iequals(header[bhttp::field::expect], "100-continue")) {
     if (!co_await send_continue(limits)) co_return false;
   }
-  prepare_forwarded(header, client_ip_, kTls ? "https" : "http");
+  prepare_forwarded(header, client_ip_, kTls ? "https" : "http", added_);
   context_->handler->strip_owned_fields(header);
   // A list of equal lengths ("3, 3", or the field twice) is one length to the parser (RFC 9110
   // §8.6) but not to every upstream: it goes out as the one value it stands for (C03).
-  if (const auto length = parser.content_length()) {
-    header.set(bhttp::field::content_length, std::to_string(*length));
-  }
+  if (const auto length = parser.content_length()) set_content_length(header, *length);
 
   StreamRequestParser& streamed = streamed_parser_.emplace(std::move(parser));
   streamed.on_chunk_header(chunk_extension_check);  // RFC 9112 §7.1.1, C03
@@ -727,6 +732,7 @@ asio::awaitable<bool> BasicSession<Stream>::stream_one(
     request.route = &route;
     request.origin = origin;
     request.tunnel_observer = context_->observers.tunnel;
+    request.added = &added_;
     request.request_id_header = config.request_id.header;
     request.request_id = request_id_;
     co_await relay(request, outcome);

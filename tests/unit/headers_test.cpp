@@ -1,5 +1,6 @@
 // Hop-by-hop stripping, forwarding fields, list helpers and dates (SPEC C02, C08, C16).
 #define BOOST_TEST_MODULE headers
+#include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/message.hpp>
 #include <boost/beast/http/write.hpp>
 #include <boost/test/unit_test.hpp>
@@ -229,4 +230,114 @@ BOOST_AUTO_TEST_CASE(a_head_that_does_not_fit_renders_nothing) {
   BOOST_TEST(rendered(res, whole) == serialized(res));
   BOOST_TEST(rendered(res, whole - 1).empty());
   BOOST_TEST(rendered(res, 0).empty());
+}
+
+BOOST_AUTO_TEST_CASE(spec_C02_added_lines_render_after_the_fields_as_the_same_fields_would) {
+  // The gateway's fields as added lines: the rendered head is what the serializer writes for
+  // the message with those fields inserted, and insert_into() gives the same fields.
+  namespace bhttp = boost::beast::http;
+  bhttp::request_header<> req;
+  req.method(bhttp::verb::post);
+  req.target("/pay");
+  req.version(11);
+  req.insert("Host", "api.example");
+  req.insert("X-Forwarded-For", "203.0.113.7");
+  req.insert("X-Forwarded-Proto", "gopher");
+  http::AddedFields added;
+  http::add_forwarding_fields(req, "127.0.0.1", "http", added);
+  BOOST_TEST(added.lines() ==
+             "X-Forwarded-Proto: http\r\nX-Forwarded-Host: api.example\r\nVia: 1.1 idemgate\r\n");
+  // A field the request carries is changed in place: X-Forwarded-For has the client appended.
+  BOOST_TEST(req["X-Forwarded-For"] == "203.0.113.7, 127.0.0.1");
+  BOOST_TEST(req.count("X-Forwarded-Proto") == 0u);
+
+  std::string out(4096, '\0');
+  out.resize(http::render_head(req, out.data(), out.size(), added.lines()));
+  added.insert_into(req);
+  BOOST_TEST(out == serialized(req));
+  BOOST_TEST(dump(req) ==
+             (std::vector<std::string>{
+                 "Host: api.example", "X-Forwarded-For: 203.0.113.7, 127.0.0.1",
+                 "X-Forwarded-Proto: http", "X-Forwarded-Host: api.example", "Via: 1.1 idemgate"}));
+  // The same as the forwarding fields added in place.
+  bhttp::request_header<> same;
+  same.insert("Host", "api.example");
+  same.insert("X-Forwarded-For", "203.0.113.7");
+  same.insert("X-Forwarded-Proto", "gopher");
+  http::add_forwarding_fields(same, "127.0.0.1", "http");
+  BOOST_TEST(dump(same) == dump(req));
+}
+
+BOOST_AUTO_TEST_CASE(replace_field_and_append_to_list_add_a_line_only_for_an_absent_field) {
+  http::Fields f;
+  f.insert("date", "yesterday");
+  f.insert("X-Request-Id", "a");
+  f.insert("x-request-id", "b");
+  f.insert("Via", "1.0 up");
+  http::AddedFields added;
+  http::replace_field(f, "Date", "today", added);
+  http::replace_field(f, "X-Request-Id", "c", added);
+  http::append_to_list(f, "Via", "1.1 idemgate", added);
+  http::append_to_list(f, "X-Forwarded-For", "::1", added);
+  BOOST_TEST(dump(f) == (std::vector<std::string>{"Via: 1.0 up, 1.1 idemgate"}));
+  BOOST_TEST(added.lines() == "Date: today\r\nX-Request-Id: c\r\nX-Forwarded-For: ::1\r\n");
+  added.clear();
+  BOOST_TEST(added.empty());
+}
+
+BOOST_AUTO_TEST_CASE(fields_are_found_and_erased_by_name_in_any_case) {
+  namespace bhttp = boost::beast::http;
+  http::Fields f;
+  f.insert("Idempotent-Replayed", "true");
+  f.insert("Content-Type", "a");
+  f.insert("idempotent-replayed", "again");
+  f.insert("Idempotency-Status", "x");
+  f.insert("Expect", "100-continue");
+  BOOST_TEST(http::find_field(f, "IDEMPOTENT-REPLAYED")->value() == "true");
+  const auto first = http::find_field(f, "Idempotent-Replayed");
+  BOOST_TEST(http::find_next_field(f, first)->value() == "again");
+  BOOST_TEST((http::find_next_field(f, http::find_next_field(f, first)) == f.end()));
+  BOOST_TEST(http::find_field(f, bhttp::field::content_type)->value() == "a");
+  BOOST_TEST((http::find_field(f, bhttp::field::host) == f.end()));
+  BOOST_TEST((http::find_field(f, "Idempotent-Replaye") == f.end()));
+  http::erase_fields(f, {"Idempotent-Replayed", "idempotency-status", "expect"});
+  BOOST_TEST(dump(f) == (std::vector<std::string>{"Content-Type: a"}));
+}
+
+BOOST_AUTO_TEST_CASE(spec_C03_content_length_is_set_once_and_kept_when_it_says_so) {
+  namespace bhttp = boost::beast::http;
+  http::Fields f;
+  f.insert("Content-Type", "a");
+  f.insert("Content-Length", "3");
+  f.insert("X-After", "b");
+  http::set_content_length(f, 3);  // says so already: kept in its place
+  BOOST_TEST(dump(f) ==
+             (std::vector<std::string>{"Content-Type: a", "Content-Length: 3", "X-After: b"}));
+  f.insert("Content-Length", "3");  // a list of equal lengths becomes the one value
+  http::set_content_length(f, 3);
+  BOOST_TEST(f.count(bhttp::field::content_length) == 1u);
+  BOOST_TEST(f[bhttp::field::content_length] == "3");
+  http::set_content_length(f, 18446744073709551615ULL);
+  BOOST_TEST(f[bhttp::field::content_length] == "18446744073709551615");
+  http::Fields none;
+  http::set_content_length(none, 0);
+  BOOST_TEST(none[bhttp::field::content_length] == "0");
+}
+
+BOOST_AUTO_TEST_CASE(spec_C02_keep_alive_is_set_as_beast_sets_it) {
+  namespace bhttp = boost::beast::http;
+  for (const unsigned version : {10u, 11u}) {
+    for (const bool keep_alive : {false, true}) {
+      for (const char* connection : {"", "close", "keep-alive", "upgrade"}) {
+        bhttp::response<bhttp::empty_body> ours;
+        ours.version(version);
+        if (*connection != '\0') ours.set(bhttp::field::connection, connection);
+        auto beasts = ours;
+        http::set_keep_alive(ours, keep_alive);
+        beasts.keep_alive(keep_alive);
+        BOOST_TEST(dump(ours) == dump(beasts), version << " " << keep_alive << " " << connection);
+        BOOST_TEST(ours.keep_alive() == keep_alive);
+      }
+    }
+  }
 }
