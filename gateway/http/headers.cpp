@@ -18,6 +18,12 @@ namespace {
 
 namespace bhttp = boost::beast::http;
 
+/// Whether `field` is named `name` (case-insensitive); the lengths first.
+bool has_name(const Fields::value_type& field, std::string_view name) {
+  return field.name_string().size() == name.size() &&
+         boost::beast::iequals(field.name_string(), name);
+}
+
 constexpr bhttp::field kHopByHop[] = {
     bhttp::field::connection,
     bhttp::field::keep_alive,
@@ -77,9 +83,8 @@ void strip_hop_by_hop(Fields& fields) {
   // One pass over the fields, the listed ones known by their enum: no lookup per name.
   for (auto it = fields.begin(); it != fields.end();) {
     const bool drop = hop_by_hop(it->name()) ||
-                      std::any_of(named.begin(), named.end(), [&](const std::string& name) {
-                        return boost::beast::iequals(it->name_string(), name);
-                      });
+                      std::any_of(named.begin(), named.end(),
+                                  [&](const std::string& name) { return has_name(*it, name); });
     it = drop ? fields.erase(it) : std::next(it);
   }
 }
@@ -102,23 +107,15 @@ void append_to_list(Fields& fields, std::string_view name, std::string_view valu
   fields.set(name, joined);
 }
 
-namespace {
-
-bool named(const Fields::value_type& field, std::string_view name) {
-  return field.name_string().size() == name.size() &&
-         boost::beast::iequals(field.name_string(), name);
-}
-
-}  // namespace
-
 Fields::const_iterator find_field(const Fields& fields, std::string_view name) {
-  return std::find_if(fields.begin(), fields.end(), [&](const auto& f) { return named(f, name); });
+  return std::find_if(fields.begin(), fields.end(),
+                      [&](const auto& f) { return has_name(f, name); });
 }
 
 Fields::const_iterator find_next_field(const Fields& fields, Fields::const_iterator after) {
   const auto name = after->name_string();
   return std::find_if(std::next(after), fields.end(),
-                      [&](const auto& f) { return named(f, name); });
+                      [&](const auto& f) { return has_name(f, name); });
 }
 
 Fields::const_iterator find_field(const Fields& fields, bhttp::field name) {
@@ -129,7 +126,7 @@ Fields::const_iterator find_field(const Fields& fields, bhttp::field name) {
 void erase_fields(Fields& fields, std::initializer_list<std::string_view> names) {
   for (auto it = fields.begin(); it != fields.end();) {
     const bool listed = std::any_of(names.begin(), names.end(),
-                                    [&](std::string_view name) { return named(*it, name); });
+                                    [&](std::string_view name) { return has_name(*it, name); });
     it = listed ? fields.erase(it) : std::next(it);
   }
 }
