@@ -175,6 +175,16 @@ std::string serialized(const Header& header) {
   return out.str();
 }
 
+/// An HTTP/1.1 POST header for `target` with `Host: host`.
+boost::beast::http::request_header<> post_to(std::string_view target, std::string_view host) {
+  boost::beast::http::request_header<> req;
+  req.method(boost::beast::http::verb::post);
+  req.target(target);
+  req.version(11);
+  req.insert("Host", host);
+  return req;
+}
+
 template <class Header>
 std::string rendered(const Header& header, std::size_t capacity = 4096) {
   std::string out(capacity, '\0');
@@ -208,12 +218,7 @@ BOOST_AUTO_TEST_CASE(a_rendered_response_head_is_what_the_serializer_writes) {
 }
 
 BOOST_AUTO_TEST_CASE(a_rendered_request_head_is_what_the_serializer_writes) {
-  namespace bhttp = boost::beast::http;
-  bhttp::request_header<> req;
-  req.method(bhttp::verb::post);
-  req.target("/pay?x=1");
-  req.version(11);
-  req.insert("Host", "api.example:8080");
+  auto req = post_to("/pay?x=1", "api.example:8080");
   req.insert("Content-Length", "2");
   BOOST_TEST(rendered(req) == serialized(req));
   req.method_string("PURGE");  // a method Beast does not know
@@ -236,11 +241,7 @@ BOOST_AUTO_TEST_CASE(spec_C02_added_lines_render_after_the_fields_as_the_same_fi
   // The gateway's fields as added lines: the rendered head is what the serializer writes for
   // the message with those fields inserted, and insert_into() gives the same fields.
   namespace bhttp = boost::beast::http;
-  bhttp::request_header<> req;
-  req.method(bhttp::verb::post);
-  req.target("/pay");
-  req.version(11);
-  req.insert("Host", "api.example");
+  auto req = post_to("/pay", "api.example");
   req.insert("X-Forwarded-For", "203.0.113.7");
   req.insert("X-Forwarded-Proto", "gopher");
   http::AddedFields added;
