@@ -222,12 +222,19 @@ bool status_has_body(unsigned status) {
   return !(status / 100 == 1 || status == 204 || status == 304);
 }
 
+void add_answer_fields(Fields& fields, std::string_view id_field, std::string_view request_id,
+                       AddedFields& added) {
+  replace_field(fields, "Date", common::http_date_now(), added);
+  append_to_list(fields, "Via", kViaEntry, added);
+  if (!request_id.empty()) replace_field(fields, id_field, request_id, added);
+}
+
 void finalize_answer(boost::beast::http::response<boost::beast::http::string_body>& res, bool head,
                      std::string_view id_field, std::string_view request_id) {
   strip_hop_by_hop(res.base());
-  if (!request_id.empty()) res.set(id_field, request_id);
-  res.set(boost::beast::http::field::date, common::http_date_now());
-  append_to_list(res.base(), "Via", kViaEntry);
+  AddedFields added;
+  add_answer_fields(res.base(), id_field, request_id, added);
+  added.insert_into(res.base());
   if (!status_has_body(res.result_int())) {
     res.body().clear();
     res.erase(boost::beast::http::field::content_length);

@@ -124,6 +124,12 @@ bool status_has_body(unsigned status);
 /// frame the body differently (SPEC C03), so the gateway checks the whole grammar itself.
 bool valid_chunk_extensions(std::string_view extensions);
 
+/// Adds what the gateway puts on every answer (C02, C32): a fresh `Date` in place of any, `Via`
+/// appended, and `request_id` (when not empty) as the field `id_field` in place of any. Fields
+/// the answer does not carry become lines of `added` (replace_field, append_to_list).
+void add_answer_fields(Fields& fields, std::string_view id_field, std::string_view request_id,
+                       AddedFields& added);
+
 /// Makes a held answer's fields what the client gets, over HTTP/1.1 and HTTP/2 alike: hop-by-hop
 /// fields removed (C02), `request_id` (when not empty) set as the field `id_field` (C32), a fresh
 /// `Date`, `Via` appended, and its framing (C03, C16): neither body nor Content-Length for 1xx,

@@ -23,7 +23,6 @@
 
 #include "gateway/common/deadline_list.hpp"
 #include "gateway/common/host_port.hpp"
-#include "gateway/common/http_date.hpp"
 #include "gateway/common/log_on_exception.hpp"
 #include "gateway/common/use_nothrow.hpp"
 #include "gateway/http/body_reader.hpp"
@@ -632,9 +631,7 @@ asio::awaitable<void> upload(RelayState& x, Duplex& d) {
 std::size_t finish_head(const RelayRequest& in, bhttp::response_header<>& header,
                         StreamBuffer* out) {
   AddedFields added;
-  replace_field(header, "Date", common::http_date_now(), added);
-  append_to_list(header, "Via", kViaEntry, added);
-  if (!in.request_id.empty()) replace_field(header, in.request_id_header, in.request_id, added);
+  add_answer_fields(header, in.request_id_header, in.request_id, added);
   const std::size_t size = out ? render_head(header, out->data(), out->size(), added.lines()) : 0;
   if (size == 0) added.insert_into(header);
   return size;
@@ -1037,9 +1034,7 @@ asio::awaitable<void> tunnel(RelayState& x, Duplex& d) {
   res.version(11);
   res.set(bhttp::field::connection, "upgrade");
   res.set(bhttp::field::upgrade, protocol);
-  res.set(bhttp::field::date, common::http_date_now());
-  append_to_list(res.base(), "Via", kViaEntry);
-  if (!in.request_id.empty()) res.set(in.request_id_header, in.request_id);
+  finish_head(in, res.base(), nullptr);  // Beast's serializer writes this head
   res.body().data = nullptr;
   res.body().size = 0;
   res.body().more = false;
