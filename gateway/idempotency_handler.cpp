@@ -24,6 +24,21 @@ namespace bhttp = boost::beast::http;
 
 namespace {
 
+/// Whether the contract reads a field the gateway added as a line (Exchange::added): only a
+/// configuration that names X-Forwarded-*, Via or the request id's field does.
+bool reads_added(const config::RouteContract& contract, const http::AddedFields& added) {
+  if (added.empty()) return false;
+  const auto any = [&](const std::vector<std::string>& names) {
+    return std::any_of(names.begin(), names.end(),
+                       [&](const std::string& name) { return added.has(name); });
+  };
+  const config::Idempotency& idem = contract.idempotency;
+  return (contract.cors && (added.has("Origin") || added.has("Access-Control-Request-Method") ||
+                            added.has("Access-Control-Request-Headers"))) ||
+         any(idem.key_scope_headers) || any(idem.fingerprint_headers) || any(idem.key_headers) ||
+         any(idem.key.fields);
+}
+
 bool method_listed(const std::vector<std::string>& methods, std::string_view method) {
   return std::any_of(methods.begin(), methods.end(),
                      [&](const std::string& m) { return beast::iequals(m, method); });
@@ -119,7 +134,7 @@ IdempotencyHandler::IdempotencyHandler(http::Forwarder& forwarder, core::RecordS
 asio::awaitable<http::HandlerResult> IdempotencyHandler::pass_through(http::Exchange exchange,
                                                                       const char* outcome) {
   http::ForwardResult fwd = co_await forwarder_.forward(
-      *exchange.upstream, std::move(exchange.request),
+      *exchange.upstream, std::move(exchange.forwardable()),
       std::min(config::contract_of(*exchange.route).idempotency.max_stored_response,
                exchange.pass_through_hold),
       std::move(exchange.body_source));
@@ -162,6 +177,8 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
 
   // C57: the gateway answers for a route with cors; the upstream never sees the preflight.
   const config::RouteContract& contract = config::contract_of(*exchange.route);
+  // A field the contract reads is read as the upstream would get it.
+  if (reads_added(contract, exchange.added)) exchange.forwardable();
   if (contract.cors && is_preflight(req)) {
     http::HandlerResult preflight;
     preflight.response = preflight_response(*exchange.route, req);
@@ -241,7 +258,7 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
   core::IdempotencyFilter::Forward forward = [shared, tail,
                                               forwarder]() -> asio::awaitable<core::UpstreamReply> {
     http::ForwardResult fwd = co_await forwarder->forward(
-        *shared->upstream, std::move(shared->request),
+        *shared->upstream, std::move(shared->forwardable()),
         config::contract_of(*shared->route).idempotency.max_stored_response);
     *tail = fwd.tail;
     co_return to_reply(std::move(fwd));

@@ -24,12 +24,6 @@ double to_ms(std::chrono::microseconds us) {
   return static_cast<double>(us.count()) / 1000.0;
 }
 
-void prepare_forwarded(bhttp::fields& fields, std::string_view client_ip, std::string_view proto) {
-  AddedFields added;
-  prepare_forwarded(fields, client_ip, proto, added);
-  added.insert_into(fields);
-}
-
 void prepare_forwarded(bhttp::fields& fields, std::string_view client_ip, std::string_view proto,
                        AddedFields& added) {
   strip_hop_by_hop(fields);
@@ -76,17 +70,23 @@ boost::asio::awaitable<HandlerResult> answer_routed(RequestHandler& handler, Rou
   }
   const std::string method(in.request.method_string());
   const std::string target(in.request.target());
-  Request& request = in.request;
+  const Route& route = *in.route;
+  Exchange exchange{std::move(in.request),
+                    std::move(in.config),
+                    &route,
+                    &upstream->second,
+                    std::move(in.in_flight),
+                    in.pass_through_hold,
+                    std::move(in.body_source),
+                    {}};
+  if (in.added) exchange.added = *in.added;
+  Request& request = exchange.request;
   const bool framed = request.has_content_length() || request.chunked();
-  prepare_forwarded(request.base(), in.client_ip, in.proto);
+  prepare_forwarded(request.base(), in.client_ip, in.proto, exchange.added);
   handler.strip_owned_fields(request.base());
-  if (!in.body_source && (framed || !request.body().empty())) {
+  if (!exchange.body_source && (framed || !request.body().empty())) {
     request.content_length(request.body().size());
   }
-  const Route& route = *in.route;
-  Exchange exchange{std::move(request),       std::move(in.config),    &route,
-                    &upstream->second,        std::move(in.in_flight), in.pass_through_hold,
-                    std::move(in.body_source)};
   std::string failure;
   try {
     co_return co_await handler.handle(std::move(exchange));

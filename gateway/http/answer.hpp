@@ -16,12 +16,8 @@
 namespace idemgate::http {
 
 /// Makes a request's fields what the upstream gets (C02): hop-by-hop fields and `Expect`
-/// removed, the forwarding fields added with
-/// `client_ip` and `proto` (`http` or `https`).
-void prepare_forwarded(boost::beast::http::fields& fields, std::string_view client_ip,
-                       std::string_view proto);
-/// The same, with the forwarding fields the request does not carry yet added to `added`
-/// (add_forwarding_fields).
+/// removed, the forwarding fields added with `client_ip` and `proto` (`http` or `https`): in
+/// place to a field the request carries, else to `added` (add_forwarding_fields).
 void prepare_forwarded(boost::beast::http::fields& fields, std::string_view client_ip,
                        std::string_view proto, AddedFields& added);
 
@@ -52,11 +48,14 @@ struct RoutedRequest {
   std::string_view request_id;                       ///< for the log line of a handler that failed
   std::size_t pass_through_hold = kHoldWhole;        ///< Exchange::pass_through_hold
   std::shared_ptr<RequestBodySource> body_source{};  ///< Exchange::body_source
+  /// Lines the session added to the request already (its id), ahead of the forwarding fields.
+  const AddedFields* added = nullptr;
 };
 
 /// What the gateway answers `in`: 503 when shed, 404 `route-not-found` when no route matched,
 /// 500 when the route names an unknown upstream, otherwise the handler's answer to the request
-/// with its fields prepared (prepare_forwarded) and framed by Content-Length. A handler that
+/// with its fields prepared (prepare_forwarded; the added ones in Exchange::added, after
+/// `in.added`'s lines) and framed by Content-Length. A handler that
 /// throws is logged and answered 500 (outcome `internal_error`), and `keep_alive` becomes
 /// false. `version` and `keep_alive` are those of the answer the client is to get.
 boost::asio::awaitable<HandlerResult> answer_routed(RequestHandler& handler, RoutedRequest in,

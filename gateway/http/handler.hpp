@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "gateway/http/admission.hpp"
+#include "gateway/http/headers.hpp"
 #include "gateway/http/settings.hpp"
 
 namespace idemgate::http {
@@ -73,7 +74,20 @@ struct Exchange {
   std::size_t pass_through_hold = std::numeric_limits<std::size_t>::max();
   /// Set when the body follows as it arrives (`request` then has no body): only a request the
   /// handler does not hold (holds() false) comes with one.
-  std::shared_ptr<RequestBodySource> body_source{};
+  std::shared_ptr<RequestBodySource>
+      body_source{};  /// The fields the gateway adds for the upstream (the request id,
+                      /// X-Forwarded-*, Via, SPEC
+  /// C02/C32) as rendered lines: a request answered without the upstream (a replay, a
+  /// conflict) never builds them as fields. forwardable() puts them into `request`.
+  AddedFields added{};
+
+  /// `request` with the gateway's added fields, as the upstream is to get it; call it before
+  /// forwarding, or before reading a field the gateway may have added (added.has()).
+  Request& forwardable() {
+    added.insert_into(request.base());
+    added.clear();
+    return request;
+  }
 };
 
 /// What the session writes back and logs (SPEC C32).

@@ -150,6 +150,16 @@ void AddedFields::insert_into(Fields& fields) const {
   }
 }
 
+bool AddedFields::has(std::string_view name) const {
+  std::string_view rest = lines();
+  while (!rest.empty()) {
+    const auto colon = rest.find(':');
+    if (colon == name.size() && boost::beast::iequals(rest.substr(0, colon), name)) return true;
+    rest.remove_prefix(rest.find("\r\n", colon) + 2);
+  }
+  return false;
+}
+
 void replace_field(Fields& fields, std::string_view name, std::string_view value,
                    AddedFields& added) {
   erase_fields(fields, {name});

@@ -49,6 +49,8 @@ class AddedFields {
   void clear() { text_.clear(); }
   /// Appends each line to `fields` as a field, in order.
   void insert_into(Fields& fields) const;
+  /// Whether a line is named `name` (case-insensitive, RFC 9110 §5.1).
+  bool has(std::string_view name) const;
 
  private:
   boost::container::small_vector<char, 256> text_;

@@ -640,7 +640,6 @@ asio::awaitable<bool> BasicSession<Stream>::serve_held(
   // Beast's parser reads every Connection field line; the message's keep_alive() only the first.
   const bool asked_keep_alive = !reject && parser.is_header_done() && parser.keep_alive();
   Request request = parser.release();
-  added_.insert_into(request.base());
   const std::string method(request.method_string());
   const std::string target(request.target());
   const bool head = request.method() == bhttp::verb::head;
@@ -661,6 +660,7 @@ asio::awaitable<bool> BasicSession<Stream>::serve_held(
     RoutedRequest routed{std::move(request),      config,     route,
                          std::move(in_flight),    shed,       client_ip_,
                          kTls ? "https" : "http", request_id_};
+    routed.added = &added_;
     result = co_await answer_routed(*context_->handler, std::move(routed), version, keep_alive);
     // A drain or a close decided while the handler worked ends the connection after the answer.
     keep_alive = keep_alive && !close_after_response_ && !context_->draining;

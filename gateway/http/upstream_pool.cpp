@@ -415,7 +415,7 @@ ProxyHandler::ProxyHandler(std::shared_ptr<Forwarder> forwarder)
     : forwarder_(std::move(forwarder)) {}
 
 asio::awaitable<HandlerResult> ProxyHandler::handle(Exchange exchange) {
-  auto result = co_await forwarder_->forward(*exchange.upstream, std::move(exchange.request),
+  auto result = co_await forwarder_->forward(*exchange.upstream, std::move(exchange.forwardable()),
                                              kHoldWhole, std::move(exchange.body_source));
   HandlerResult out;
   out.upstream_time = result.upstream_time;

@@ -224,6 +224,67 @@ BOOST_AUTO_TEST_CASE(spec_C02_hop_by_hop_fields_are_removed_and_forwarding_field
   BOOST_TEST(res.body == "ok");
 }
 
+BOOST_AUTO_TEST_CASE(spec_C02_a_keyed_request_reaches_the_upstream_with_the_forwarding_fields) {
+  TestUpstream upstream;
+  upstream.on("/keyed", {{201, {{"Content-Type", "text/plain"}}, "made"}});
+  GatewayConfig config;
+  config.upstreams = {{"up", {upstream.address()}}};
+  config.routes = {route("keyed", "/keyed", "up", "required")};
+  Gateway gateway(config);
+
+  const std::string key = unique_name("c02-keyed");
+  const HttpResponse first = gateway.send(
+      keyed_post("/keyed", key, "{}", {{"Host", "shop.example"}, {"Via", "1.1 edge"}}));
+  BOOST_TEST_REQUIRE(first.status == 201u, gateway.explain(first));
+  BOOST_TEST_REQUIRE(upstream.count("/keyed") == 1u);
+  const ReceivedRequest got = upstream.received("/keyed").front();
+  BOOST_TEST(got.value("X-Forwarded-For").value_or("") == "127.0.0.1");
+  BOOST_TEST(got.value("X-Forwarded-Proto").value_or("") == "http");
+  BOOST_TEST(got.value("X-Forwarded-Host").value_or("") == "shop.example");
+  BOOST_TEST(got.value("Via").value_or("").starts_with("1.1 edge, "),
+             "the upstream received:\n"
+                 << fields_text(got.headers));
+  const std::string id = got.value("X-Request-Id").value_or("");
+  BOOST_TEST(!id.empty());
+  BOOST_TEST(first.header("X-Request-Id").value_or("") == id);
+
+  // The retry is answered without the upstream, under its own request id.
+  const HttpResponse retry = gateway.send(keyed_post("/keyed", key, "{}"));
+  BOOST_TEST(retry.status == 201u, describe(retry));
+  BOOST_TEST(replayed(retry), describe(retry));
+  BOOST_TEST(!retry.header("X-Request-Id").value_or("").empty());
+  BOOST_TEST(retry.header("X-Request-Id").value_or("") != id);
+  BOOST_TEST(upstream.count("/keyed") == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(spec_C32_a_fingerprint_over_the_generated_request_id_sees_the_id) {
+  // A configuration the loader warns about: the gateway generates a new id for each request, so
+  // a retry's fingerprint differs and the retry is a mismatch, as the warning says.
+  TestUpstream upstream;
+  upstream.on("/keyed", {{201, {{"Content-Type", "text/plain"}}, "made"}});
+  GatewayConfig config;
+  config.upstreams = {{"up", {upstream.address()}}};
+  RouteConfig keyed = route("keyed", "/keyed", "up", "required");
+  keyed.extra = {"fingerprint: { headers: [X-Request-Id] }"};
+  config.routes = {keyed};
+  Gateway gateway(config);
+
+  const std::string key = unique_name("c32-id");
+  const HttpResponse first = gateway.send(keyed_post("/keyed", key, "{}"));
+  BOOST_TEST_REQUIRE(first.status == 201u, gateway.explain(first));
+  const HttpResponse retry = gateway.send(keyed_post("/keyed", key, "{}"));
+  BOOST_TEST(is_problem(retry, 422), describe(retry));
+  // With the id repeated by the client, the fingerprints agree.
+  const std::string other = unique_name("c32-same");
+  const HttpResponse a =
+      gateway.send(keyed_post("/keyed", other, "{}", {{"X-Request-Id", "req-c32-1"}}));
+  BOOST_TEST_REQUIRE(a.status == 201u, gateway.explain(a));
+  const HttpResponse b =
+      gateway.send(keyed_post("/keyed", other, "{}", {{"X-Request-Id", "req-c32-1"}}));
+  BOOST_TEST(replayed(b), describe(b));
+  BOOST_TEST(upstream.count("/keyed") == 2u);
+}
+
 BOOST_AUTO_TEST_CASE(spec_C04_oversized_body_413_and_header_431_forward_nothing_store_nothing) {
   TestUpstream upstream;
   GatewayConfig config;

@@ -282,6 +282,11 @@ BOOST_AUTO_TEST_CASE(replace_field_and_append_to_list_add_a_line_only_for_an_abs
   http::append_to_list(f, "X-Forwarded-For", "::1", added);
   BOOST_TEST(dump(f) == (std::vector<std::string>{"Via: 1.0 up, 1.1 idemgate"}));
   BOOST_TEST(added.lines() == "Date: today\r\nX-Request-Id: c\r\nX-Forwarded-For: ::1\r\n");
+  BOOST_TEST(added.has("x-forwarded-for"));
+  BOOST_TEST(added.has("DATE"));
+  BOOST_TEST(!added.has("Via"));                 // merged into the field, no line
+  BOOST_TEST(!added.has("X-Forwarded"));         // a prefix of a line's name
+  BOOST_TEST(!added.has("X-Forwarded-For-Ip"));  // longer than a line's name
   added.clear();
   BOOST_TEST(added.empty());
 }
