@@ -140,24 +140,29 @@ void AddedFields::add(std::string_view name, std::string_view value) {
   text_.push_back('\n');
 }
 
-void AddedFields::insert_into(Fields& fields) const {
+template <class Visit>
+bool AddedFields::each(Visit visit) const {
   std::string_view rest = lines();
   while (!rest.empty()) {
     const auto colon = rest.find(':');  // a field name holds no colon
     const auto end = rest.find("\r\n", colon);
-    fields.insert(rest.substr(0, colon), rest.substr(colon + 2, end - colon - 2));
+    if (visit(rest.substr(0, colon), rest.substr(colon + 2, end - colon - 2))) return true;
     rest.remove_prefix(end + 2);
   }
+  return false;
+}
+
+void AddedFields::insert_into(Fields& fields) const {
+  each([&](std::string_view name, std::string_view value) {
+    fields.insert(name, value);
+    return false;
+  });
 }
 
 bool AddedFields::has(std::string_view name) const {
-  std::string_view rest = lines();
-  while (!rest.empty()) {
-    const auto colon = rest.find(':');
-    if (colon == name.size() && boost::beast::iequals(rest.substr(0, colon), name)) return true;
-    rest.remove_prefix(rest.find("\r\n", colon) + 2);
-  }
-  return false;
+  return each([&](std::string_view line_name, std::string_view) {
+    return line_name.size() == name.size() && boost::beast::iequals(line_name, name);
+  });
 }
 
 void replace_field(Fields& fields, std::string_view name, std::string_view value,

@@ -53,6 +53,10 @@ class AddedFields {
   bool has(std::string_view name) const;
 
  private:
+  /// Calls `visit(name, value)` for each line in order until it returns true; whether one did.
+  template <class Visit>
+  bool each(Visit visit) const;
+
   boost::container::small_vector<char, 256> text_;
 };
 
