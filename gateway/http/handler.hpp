@@ -74,9 +74,8 @@ struct Exchange {
   std::size_t pass_through_hold = std::numeric_limits<std::size_t>::max();
   /// Set when the body follows as it arrives (`request` then has no body): only a request the
   /// handler does not hold (holds() false) comes with one.
-  std::shared_ptr<RequestBodySource>
-      body_source{};  /// The fields the gateway adds for the upstream (the request id,
-                      /// X-Forwarded-*, Via, SPEC
+  std::shared_ptr<RequestBodySource> body_source{};
+  /// The fields the gateway adds for the upstream (the request id, X-Forwarded-*, Via, SPEC
   /// C02/C32) as rendered lines: a request answered without the upstream (a replay, a
   /// conflict) never builds them as fields. forwardable() puts them into `request`.
   AddedFields added{};
