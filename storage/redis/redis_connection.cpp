@@ -3,12 +3,18 @@
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 
+// Runs the callbacks of the replies hiredis's reader holds, as redisAsyncHandleRead does after
+// its read. Exported by every hiredis release with the async API; declared in async.h from 1.0
+// on (the same declaration).
+extern "C" void redisProcessCallbacks(redisAsyncContext* ac);
+
 #include <algorithm>
+#include <array>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/buffer.hpp>
 #include <boost/asio/error.hpp>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -291,7 +297,11 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
       return close(store_errc::unavailable);
     }
     error_code ec;
-    socket_.assign(ac->c.fd, ec);
+    // A TCP socket (not a bare descriptor), so that a read which leaves nothing behind is
+    // remembered and the next one waits for the reactor instead of trying first. `ip` is an
+    // address already (parsed or resolved).
+    const bool v6 = asio::ip::make_address(ip, ec).is_v6();
+    socket_.assign(v6 ? asio::ip::tcp::v6() : asio::ip::tcp::v4(), ac->c.fd, ec);
     if (ec) {
       redisAsyncFree(ac);
       return close(store_errc::unavailable);
@@ -453,7 +463,7 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
   static void add_write(void* p) {
     auto& s = of(p);
     s.want_write_ = true;
-    s.arm_write();
+    s.schedule_flush();
   }
   static void del_write(void* p) { of(p).want_write_ = false; }
 
@@ -472,27 +482,72 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
     s.finished();
   }
 
+  bool connected() const noexcept { return ac_ != nullptr && (ac_->c.flags & REDIS_CONNECTED); }
+
+  /// Replies are read by the reactor itself (a read operation, not a readiness wait): the
+  /// descriptor stays registered as it is, with no `epoll_ctl` per wait, and the read that a
+  /// readiness wait would be followed by is the one that completes the operation. The bytes go
+  /// to hiredis's reader and the replies to their callbacks, as redisAsyncHandleRead does after
+  /// its own read. Until the non-blocking connect is done, hiredis's own path runs.
   void arm_read() {
     if (read_armed_ || ac_ == nullptr) return;
     read_armed_ = true;
-    socket_.async_wait(asio::posix::stream_descriptor::wait_read,
-                       [self = shared_from_this()](error_code ec) { self->on_readable(ec); });
+    if (!connected()) {
+      socket_.async_wait(asio::socket_base::wait_read,
+                         [self = shared_from_this()](error_code ec) { self->on_readable(ec); });
+      return;
+    }
+    socket_.async_read_some(
+        asio::buffer(input_),
+        [self = shared_from_this()](error_code ec, std::size_t n) { self->on_read(ec, n); });
+  }
+
+  /// Commands appended during one turn of the io loop leave in one write, made at the end of
+  /// that turn without waiting for writability first (a connected socket almost always has room;
+  /// when it has not, the rest waits for a writability event). Before the connect is done,
+  /// hiredis learns of its end from the first writability event.
+  void schedule_flush() {
+    if (!connected()) return arm_write();
+    if (flush_posted_ || write_armed_) return;
+    flush_posted_ = true;
+    asio::post(socket_.get_executor(), [self = shared_from_this()] { self->flush(); });
+  }
+
+  void flush() {
+    // flush_posted_ stays set during the write, so that hiredis asking for another write
+    // (some bytes left) does not post a second flush.
+    if (ac_ != nullptr && want_write_) redisAsyncHandleWrite(ac_);
+    flush_posted_ = false;
+    if (ac_ != nullptr && want_write_) arm_write();  // the socket's buffer is full
   }
 
   void arm_write() {
     if (write_armed_ || ac_ == nullptr) return;
     write_armed_ = true;
-    socket_.async_wait(asio::posix::stream_descriptor::wait_write,
+    socket_.async_wait(asio::socket_base::wait_write,
                        [self = shared_from_this()](error_code ec) { self->on_writable(ec); });
   }
 
-  // redisAsyncHandleRead/Write may free the context (EOF, connect refused): ac_ is re-checked
-  // after each call because the cleanup hook resets it.
+  // redisAsyncHandleRead/Write and redisProcessCallbacks may free the context (EOF, connect
+  // refused, a protocol error): ac_ is re-checked after each call because the cleanup hook
+  // resets it.
   void on_readable(error_code ec) {
     read_armed_ = false;
     if (ac_ == nullptr || ec == asio::error::operation_aborted) return;
     if (ec) return close(store_errc::unavailable);
     if (want_read_) redisAsyncHandleRead(ac_);
+    if (ac_ != nullptr && want_read_) arm_read();
+  }
+
+  void on_read(error_code ec, std::size_t n) {
+    read_armed_ = false;
+    if (ac_ == nullptr || ec == asio::error::operation_aborted) return;
+    // End of stream or a failed read: hiredis would disconnect the same way, failing what is
+    // in flight.
+    if (ec || ac_->c.err != 0) return close(store_errc::unavailable);
+    if (redisReaderFeed(ac_->c.reader, input_.data(), n) != REDIS_OK)
+      return close(store_errc::protocol);
+    redisProcessCallbacks(ac_);
     if (ac_ != nullptr && want_read_) arm_read();
   }
 
@@ -508,7 +563,7 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
   Kind kind_;
   std::weak_ptr<State> state_;
   asio::ip::tcp::resolver resolver_;
-  asio::posix::stream_descriptor socket_;
+  asio::ip::tcp::socket socket_;  ///< hiredis's descriptor, never closed by Asio
   asio::steady_timer handshake_;
   redisAsyncContext* ac_ = nullptr;
   std::deque<std::shared_ptr<Op>> waiting_;  // issued before the handshake answered
@@ -522,6 +577,9 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
   bool want_write_ = false;
   bool read_armed_ = false;
   bool write_armed_ = false;
+  bool flush_posted_ = false;
+  /// Where the reactor reads replies before hiredis parses them (hiredis reads 16 KiB a call).
+  std::array<char, 16 * 1024> input_;
 };
 
 std::shared_ptr<RedisConnection::Session> RedisConnection::State::live_session() {
