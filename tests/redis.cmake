@@ -9,3 +9,5 @@ idemgate_test(redis_lock_redis_test redis
 # connection (CLIENT KILL TYPE normal) of the shared Redis, and one case flushes its script cache:
 # no other test may use that Redis meanwhile.
 idemgate_disturbs_shared_stores(redis_lock_redis_test)
+# The command encoding (pure: compared with hiredis's own formatter).
+idemgate_test(redis_resp_test unit SOURCES unit/redis_resp_test.cpp LIBS idemgate_redis)

@@ -18,7 +18,7 @@ extern "C" void redisProcessCallbacks(redisAsyncContext* ac);
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <boost/container/small_vector.hpp>
+#include <charconv>
 #include <chrono>
 #include <deque>
 #include <optional>
@@ -59,6 +59,23 @@ bool refused_for_now(const Reply& r) {
 }
 
 }  // namespace
+
+void append_resp_command(std::string& out, const Command& argv) {
+  const auto number = [&out](char tag, std::size_t n) {
+    char text[24];
+    text[0] = tag;
+    char* end = std::to_chars(text + 1, text + sizeof text - 2, n).ptr;
+    *end++ = '\r';
+    *end++ = '\n';
+    out.append(text, end);
+  };
+  number('*', argv.size());
+  for (const auto& arg : argv) {
+    number('$', arg.size());
+    out.append(arg);
+    out.append("\r\n", 2);
+  }
+}
 
 Reply copy_reply(const redisReply& r) {
   Reply out;
@@ -349,17 +366,11 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
   }
 
   bool append(const Command& argv, redisCallbackFn* fn, void* privdata) {
-    // On the stack for the lock's commands (at most 7 arguments): no allocation per command.
-    boost::container::small_vector<const char*, 8> args;
-    boost::container::small_vector<std::size_t, 8> lengths;
-    args.reserve(argv.size());
-    lengths.reserve(argv.size());
-    for (const auto& a : argv) {
-      args.push_back(a.data());
-      lengths.push_back(a.size());
-    }
-    return redisAsyncCommandArgv(ac_, fn, privdata, static_cast<int>(args.size()), args.data(),
-                                 lengths.data()) == REDIS_OK;
+    // Formatted here (hiredis's own formatting printfs every length), into a buffer the
+    // session reuses; hiredis copies it into its output buffer.
+    wire_.clear();
+    append_resp_command(wire_, argv);
+    return redisAsyncFormattedCommand(ac_, fn, privdata, wire_.data(), wire_.size()) == REDIS_OK;
   }
 
   void send(std::shared_ptr<Op> op) {
@@ -578,6 +589,7 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
   bool read_armed_ = false;
   bool write_armed_ = false;
   bool flush_posted_ = false;
+  std::string wire_;  ///< the command being appended, in RESP
   /// Where the reactor reads replies before hiredis parses them (hiredis reads 16 KiB a call).
   std::array<char, 16 * 1024> input_;
 };

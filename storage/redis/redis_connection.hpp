@@ -1,7 +1,8 @@
 #pragma once
 // One hiredis 0.14 async context driven by an Asio io_context. hiredis ships no Asio adapter and
-// no timers, so this file supplies both: the `ev` hooks wait for readiness on a
-// posix::stream_descriptor, and every command carries a deadline kept by a steady_timer.
+// no timers, so this file supplies both: Asio reads the replies and hiredis parses them, the
+// commands of one loop turn leave in one write, and every command carries a deadline kept by a
+// steady_timer.
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
@@ -45,6 +46,11 @@ Reply copy_reply(const redisReply& reply);
 
 /// One command as its binary-safe arguments: `{"SET", key, value}`.
 using Command = std::vector<std::string>;
+
+/// Appends `argv` to `out` in the form a client sends a command (RESP: an array of bulk strings,
+/// `*N\r\n`, then `$len\r\n` + the argument's bytes + `\r\n` for each), byte for byte what
+/// hiredis's `redisFormatCommandArgv` writes, without its `printf` per argument.
+void append_resp_command(std::string& out, const Command& argv);
 
 /// What undoes a lock command whose reply was lost (SPEC C25): a script on one key with one
 /// argument, the lock's compare-and-delete of its own token, so it may run any number of times,
