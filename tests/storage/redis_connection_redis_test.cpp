@@ -287,6 +287,44 @@ BOOST_AUTO_TEST_CASE(commands_of_one_call_go_back_to_back_and_each_gets_its_repl
   }(&connection));
 }
 
+// Commands issued in one loop turn leave in one write; each caller still gets its own reply.
+BOOST_AUTO_TEST_CASE(commands_issued_in_one_turn_each_get_their_own_reply) {
+  RedisConnection connection{io.get_executor(), options};
+  run([](RedisConnection* c) -> asio::awaitable<void> {
+    using namespace asio::experimental::awaitable_operators;
+    auto a = reply_of(c->command("ECHO", "a"));
+    auto b = reply_of(c->command("ECHO", "bb"));
+    auto d = reply_of(c->command("ECHO", "ccc"));
+    auto e = reply_of(c->command("PING"));
+    const auto [ra, rb, rd, re] =
+        co_await (std::move(a) && std::move(b) && std::move(d) && std::move(e));
+    BOOST_CHECK(ra.str == "a");
+    BOOST_CHECK(rb.str == "bb");
+    BOOST_CHECK(rd.str == "ccc");
+    BOOST_CHECK(re.is_status("PONG"));
+  }(&connection));
+}
+
+// A command bigger than the socket's send buffer is written in parts (the rest waits for
+// writability); a reply bigger than one read arrives in several and is parsed whole.
+BOOST_AUTO_TEST_CASE(a_value_larger_than_one_read_or_write_goes_and_comes_back_whole) {
+  RedisConnection connection{io.get_executor(), options};
+  run([](RedisConnection* c) -> asio::awaitable<void> {
+    const auto key = random_key();
+    std::string value(4 * 1024 * 1024, '\0');
+    std::mt19937 bytes{7};
+    for (auto& ch : value) ch = static_cast<char>(bytes());
+    const auto set = co_await reply_of(c->command("SET", key, value, "PX", "60000"));
+    BOOST_CHECK(set.is_status("OK"));
+    const auto got = co_await reply_of(c->command("GET", key));
+    BOOST_CHECK(got.kind == Reply::Kind::string);
+    BOOST_CHECK_EQUAL(got.str.size(), value.size());
+    BOOST_CHECK(got.str == value);
+    const auto after = co_await reply_of(c->command("ECHO", "next"));
+    BOOST_CHECK(after.str == "next");  // the stream is still in step after the big reply
+  }(&connection));
+}
+
 // A sentinel that accepts and never answers: the caller doing the lookup is cancelled midway.
 // The next command must not wait on that abandoned lookup forever (it looks up again and fails
 // by its own deadline).
