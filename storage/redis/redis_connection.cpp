@@ -15,6 +15,7 @@ extern "C" void redisProcessCallbacks(redisAsyncContext* ac);
 #include <boost/asio/error.hpp>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -38,6 +39,9 @@ using common::use_nothrow;
 /// kRecoveryMax while the server stays away. The first attempt goes at once.
 constexpr std::chrono::milliseconds kRecoveryFirst{50};
 constexpr std::chrono::milliseconds kRecoveryMax{500};
+
+/// The largest command buffer a session keeps between commands (the lock's are about 150 bytes).
+constexpr std::size_t kKeptWireBytes = 64 * 1024;
 
 bool starts_with_any(const std::string& text, std::initializer_list<std::string_view> prefixes) {
   return std::any_of(prefixes.begin(), prefixes.end(),
@@ -314,11 +318,7 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
       return close(store_errc::unavailable);
     }
     error_code ec;
-    // A TCP socket (not a bare descriptor), so that a read which leaves nothing behind is
-    // remembered and the next one waits for the reactor instead of trying first. `ip` is an
-    // address already (parsed or resolved).
-    const bool v6 = asio::ip::make_address(ip, ec).is_v6();
-    socket_.assign(v6 ? asio::ip::tcp::v6() : asio::ip::tcp::v4(), ac->c.fd, ec);
+    socket_.assign(ac->c.fd, ec);
     if (ec) {
       redisAsyncFree(ac);
       return close(store_errc::unavailable);
@@ -370,7 +370,11 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
     // session reuses; hiredis copies it into its output buffer.
     wire_.clear();
     append_resp_command(wire_, argv);
-    return redisAsyncFormattedCommand(ac_, fn, privdata, wire_.data(), wire_.size()) == REDIS_OK;
+    const bool appended =
+        redisAsyncFormattedCommand(ac_, fn, privdata, wire_.data(), wire_.size()) == REDIS_OK;
+    // A big value (a replay marker) does not keep its buffer for the session's life.
+    if (wire_.capacity() > kKeptWireBytes) std::string().swap(wire_);
+    return appended;
   }
 
   void send(std::shared_ptr<Op> op) {
@@ -497,14 +501,16 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
 
   /// Replies are read by the reactor itself (a read operation, not a readiness wait): the
   /// descriptor stays registered as it is, with no `epoll_ctl` per wait, and the read that a
-  /// readiness wait would be followed by is the one that completes the operation. The bytes go
-  /// to hiredis's reader and the replies to their callbacks, as redisAsyncHandleRead does after
-  /// its own read. Until the non-blocking connect is done, hiredis's own path runs.
+  /// readiness wait would be followed by is the one that completes the operation. Asio tries
+  /// the read once when the operation starts: that `read` finds the next reply when replies
+  /// follow each other, and nothing otherwise (it takes the re-arm's place). The bytes go to
+  /// hiredis's reader and the replies to their callbacks, as redisAsyncHandleRead does after its
+  /// own read. Until the non-blocking connect is done, hiredis's own path runs.
   void arm_read() {
     if (read_armed_ || ac_ == nullptr) return;
     read_armed_ = true;
     if (!connected()) {
-      socket_.async_wait(asio::socket_base::wait_read,
+      socket_.async_wait(asio::posix::stream_descriptor::wait_read,
                          [self = shared_from_this()](error_code ec) { self->on_readable(ec); });
       return;
     }
@@ -535,7 +541,7 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
   void arm_write() {
     if (write_armed_ || ac_ == nullptr) return;
     write_armed_ = true;
-    socket_.async_wait(asio::socket_base::wait_write,
+    socket_.async_wait(asio::posix::stream_descriptor::wait_write,
                        [self = shared_from_this()](error_code ec) { self->on_writable(ec); });
   }
 
@@ -556,8 +562,10 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
     // End of stream or a failed read: hiredis would disconnect the same way, failing what is
     // in flight.
     if (ec || ac_->c.err != 0) return close(store_errc::unavailable);
+    // The reader only copies here (a malformed reply is found by redisProcessCallbacks, which
+    // disconnects by itself); it fails only when out of memory.
     if (redisReaderFeed(ac_->c.reader, input_.data(), n) != REDIS_OK)
-      return close(store_errc::protocol);
+      return close(store_errc::unavailable);
     redisProcessCallbacks(ac_);
     if (ac_ != nullptr && want_read_) arm_read();
   }
@@ -574,7 +582,7 @@ class RedisConnection::Session : public std::enable_shared_from_this<Session> {
   Kind kind_;
   std::weak_ptr<State> state_;
   asio::ip::tcp::resolver resolver_;
-  asio::ip::tcp::socket socket_;  ///< hiredis's descriptor, never closed by Asio
+  asio::posix::stream_descriptor socket_;  ///< hiredis's descriptor, never closed by Asio
   asio::steady_timer handshake_;
   redisAsyncContext* ac_ = nullptr;
   std::deque<std::shared_ptr<Op>> waiting_;  // issued before the handshake answered
