@@ -132,7 +132,7 @@ void append_fixed3(Buffer& out, double value) {
   const auto [end, ec] =
       std::to_chars(text, text + sizeof text, value, std::chars_format::fixed, 3);
   if (ec == std::errc{}) {
-    out.append(text, end);
+    append(out, std::string_view(text, static_cast<std::size_t>(end - text)));
   } else {
     fmt::format_to(std::back_inserter(out), "{:.3f}", value);  // too long for the stack buffer
   }

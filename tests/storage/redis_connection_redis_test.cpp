@@ -34,6 +34,17 @@ std::string random_key() {
   return "idemgate:test:" + std::to_string(engine());
 }
 
+/// SETs `value` under `key` and GETs it back on `c`, checking both replies byte for byte.
+asio::awaitable<void> check_set_and_get_back(RedisConnection* c, std::string key,
+                                             std::string value) {
+  const auto set = co_await reply_of(c->command("SET", key, value, "PX", "60000"));
+  BOOST_CHECK(set.is_status("OK"));
+  const auto got = co_await reply_of(c->command("GET", key));
+  BOOST_CHECK(got.kind == Reply::Kind::string);
+  BOOST_CHECK_EQUAL(got.str.size(), value.size());
+  BOOST_CHECK(got.str == value);
+}
+
 struct ConnectionFixture {
   asio::io_context io;
   idemgate::config::Redis options = idemgate::test::redis_options_from_env();
@@ -48,14 +59,9 @@ BOOST_FIXTURE_TEST_SUITE(redis_connection, ConnectionFixture)
 BOOST_AUTO_TEST_CASE(arguments_and_string_replies_are_binary_safe) {
   RedisConnection connection{io.get_executor(), options};
   run([](RedisConnection* c) -> asio::awaitable<void> {
-    const auto key = random_key();
     const std::string value("a\0b\r\nc\xff", 7);
-    const auto set = co_await reply_of(c->command("SET", key, value, "PX", "60000"));
-    BOOST_CHECK(set.is_status("OK"));
-    const auto got = co_await reply_of(c->command("GET", key));
-    BOOST_CHECK(got.kind == Reply::Kind::string);
-    BOOST_CHECK_EQUAL(got.str.size(), value.size());
-    BOOST_CHECK(got.str == value);
+    const auto key = random_key();
+    co_await check_set_and_get_back(c, key, value);
   }(&connection));
 }
 
@@ -310,16 +316,11 @@ BOOST_AUTO_TEST_CASE(commands_issued_in_one_turn_each_get_their_own_reply) {
 BOOST_AUTO_TEST_CASE(a_value_larger_than_one_read_or_write_goes_and_comes_back_whole) {
   RedisConnection connection{io.get_executor(), options};
   run([](RedisConnection* c) -> asio::awaitable<void> {
-    const auto key = random_key();
     std::string value(4 * 1024 * 1024, '\0');
     std::mt19937 bytes{7};
     for (auto& ch : value) ch = static_cast<char>(bytes());
-    const auto set = co_await reply_of(c->command("SET", key, value, "PX", "60000"));
-    BOOST_CHECK(set.is_status("OK"));
-    const auto got = co_await reply_of(c->command("GET", key));
-    BOOST_CHECK(got.kind == Reply::Kind::string);
-    BOOST_CHECK_EQUAL(got.str.size(), value.size());
-    BOOST_CHECK(got.str == value);
+    const auto key = random_key();
+    co_await check_set_and_get_back(c, key, value);
     const auto after = co_await reply_of(c->command("ECHO", "next"));
     BOOST_CHECK(after.str == "next");  // the stream is still in step after the big reply
   }(&connection));
