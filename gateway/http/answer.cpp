@@ -42,6 +42,61 @@ std::string route_full_detail(const Route& route) {
          " requests in progress (max_in_flight); nothing was forwarded, retry later";
 }
 
+boost::asio::awaitable<HandlerResult> answer_now(HandlerResult result) {
+  co_return result;
+}
+
+namespace {
+
+/// What a handler that failed is answered: logged, 500, and the connection closes after it.
+HandlerResult handler_failed(std::string_view route, std::string_view method,
+                             std::string_view target, std::string_view request_id,
+                             std::string_view failure, unsigned version, bool& keep_alive) {
+  log_json(spdlog::level::err, "handler failed",
+           {{"route", route},
+            {"method", method},
+            {"target", target},
+            {"error", failure},
+            {"request_id", request_id}});
+  keep_alive = false;
+  HandlerResult result;
+  result.response = make_problem(Problem::internal_error,
+                                 "the gateway failed while handling the request", version, false);
+  result.outcome = "internal_error";
+  return result;
+}
+
+std::string what_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(std::move(e));
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+/// Awaits the handler's answer; a handler that throws while it runs is answered as above. Its
+/// frame holds the names the log line needs, not the request.
+boost::asio::awaitable<HandlerResult> guarded(boost::asio::awaitable<HandlerResult> call,
+                                              const Route& route, std::string method,
+                                              std::string target, std::string_view request_id,
+                                              unsigned version, bool& keep_alive) {
+  std::exception_ptr failure;
+  try {
+    co_return co_await std::move(call);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  co_return handler_failed(route.name, method, target, request_id, what_of(std::move(failure)),
+                           version, keep_alive);
+}
+
+}  // namespace
+
+// Not a coroutine: the answers that need no upstream are made at the call, and the request is
+// handed to the handler before the first suspension, so no coroutine frame carries it (see
+// IdempotencyHandler::handle).
 boost::asio::awaitable<HandlerResult> answer_routed(RequestHandler& handler, RoutedRequest in,
                                                     unsigned version, bool& keep_alive) {
   HandlerResult result;
@@ -50,7 +105,7 @@ boost::asio::awaitable<HandlerResult> answer_routed(RequestHandler& handler, Rou
   if (in.shed) {
     result.response = shed_response(route_full_detail(*in.route), version, keep_alive);
     result.outcome = "shed";
-    co_return result;
+    return answer_now(std::move(result));
   }
   if (!in.route) {
     const std::string_view t(in.request.target().data(), in.request.target().size());
@@ -59,17 +114,17 @@ boost::asio::awaitable<HandlerResult> answer_routed(RequestHandler& handler, Rou
                                        " " + std::string(target_path(t)),
                                    version, keep_alive);
     result.outcome = "no_route";
-    co_return result;
+    return answer_now(std::move(result));
   }
   if (upstream == in.config->upstreams.end()) {
     result.response =
         make_problem(Problem::internal_error,
                      "route " + in.route->name + " names an unknown upstream", version, keep_alive);
     result.outcome = "internal_error";
-    co_return result;
+    return answer_now(std::move(result));
   }
-  const std::string method(in.request.method_string());
-  const std::string target(in.request.target());
+  std::string method(in.request.method_string());
+  std::string target(in.request.target());
   const Route& route = *in.route;
   Exchange exchange{std::move(in.request),
                     std::move(in.config),
@@ -87,25 +142,15 @@ boost::asio::awaitable<HandlerResult> answer_routed(RequestHandler& handler, Rou
   if (!exchange.body_source && (framed || !request.body().empty())) {
     request.content_length(request.body().size());
   }
-  std::string failure;
+  boost::asio::awaitable<HandlerResult> call;
   try {
-    co_return co_await handler.handle(std::move(exchange));
-  } catch (const std::exception& e) {
-    failure = e.what();
+    call = handler.handle(std::move(exchange));
   } catch (...) {
-    failure = "unknown exception";
+    return answer_now(handler_failed(route.name, method, target, in.request_id,
+                                     what_of(std::current_exception()), version, keep_alive));
   }
-  log_json(spdlog::level::err, "handler failed",
-           {{"route", route.name},
-            {"method", method},
-            {"target", target},
-            {"error", failure},
-            {"request_id", in.request_id}});
-  keep_alive = false;
-  result.response = make_problem(Problem::internal_error,
-                                 "the gateway failed while handling the request", version, false);
-  result.outcome = "internal_error";
-  co_return result;
+  return guarded(std::move(call), route, std::move(method), std::move(target), in.request_id,
+                 version, keep_alive);
 }
 
 }  // namespace idemgate::http

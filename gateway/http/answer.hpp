@@ -52,6 +52,10 @@ struct RoutedRequest {
   const AddedFields* added = nullptr;
 };
 
+/// An answer made without I/O, as an awaitable whose coroutine frame holds only that answer:
+/// for the functions that return either it or a coroutine's awaitable.
+boost::asio::awaitable<HandlerResult> answer_now(HandlerResult result);
+
 /// What the gateway answers `in`: 503 when shed, 404 `route-not-found` when no route matched,
 /// 500 when the route names an unknown upstream, otherwise the handler's answer to the request
 /// with its fields prepared (prepare_forwarded; the added ones in Exchange::added, after

@@ -204,6 +204,15 @@ class BasicSession final : public Session {
                                      unsigned version, bool head, bool& keep_alive);
   /// The access line (C32) and the request_done observer of one answered request.
   void log_done(const Done& done, Clock::time_point started);
+  /// The answer to a held request, as an awaitable: the rejection's, or the handler's
+  /// (answer_routed). Not a coroutine, so that serve_held's frame keeps neither the request nor
+  /// the routed copy of it. Sets `keep_alive` for a routed request (the handler may clear it).
+  asio::awaitable<HandlerResult> answer_held(Request request,
+                                             const std::shared_ptr<const ProxyConfig>& config,
+                                             const Route* route, Admission::Ticket& in_flight,
+                                             bool shed, bool shed_unread_body,
+                                             std::optional<Rejection>& reject, unsigned version,
+                                             bool asked_keep_alive, bool& keep_alive);
   /// The rest of serve_one for a request the handler holds (or the gateway refuses): the
   /// handler's answer, or the rejection's, written and logged. False when the connection is to
   /// close after it.
@@ -632,6 +641,31 @@ asio::awaitable<bool> BasicSession<Stream>::serve_one(beast::flat_buffer& buffer
 }
 
 template <class Stream>
+asio::awaitable<HandlerResult> BasicSession<Stream>::answer_held(
+    Request request, const std::shared_ptr<const ProxyConfig>& config, const Route* route,
+    Admission::Ticket& in_flight, bool shed, bool shed_unread_body,
+    std::optional<Rejection>& reject, unsigned version, bool asked_keep_alive, bool& keep_alive) {
+  if (reject) {
+    reject_pending_input_ = true;
+    HandlerResult result;
+    result.response = make_problem(reject->problem, std::move(reject->detail), version, false);
+    result.outcome = "rejected";
+    return answer_now(std::move(result));
+  }
+  keep_alive = asked_keep_alive && !close_after_response_ && !context_->draining;
+  if (shed_unread_body) {
+    // The rest of the body is still on its way: discarded by the lingering close.
+    keep_alive = false;
+    reject_pending_input_ = true;
+  }
+  RoutedRequest routed{std::move(request),      config,     route,
+                       std::move(in_flight),    shed,       client_ip_,
+                       kTls ? "https" : "http", request_id_};
+  routed.added = &added_;
+  return answer_routed(*context_->handler, std::move(routed), version, keep_alive);
+}
+
+template <class Stream>
 asio::awaitable<bool> BasicSession<Stream>::serve_held(
     HeldParser& parser, const std::shared_ptr<const ProxyConfig>& config, const Route* route,
     Admission::Ticket& in_flight, bool shed, bool shed_unread_body,
@@ -639,29 +673,15 @@ asio::awaitable<bool> BasicSession<Stream>::serve_held(
     Clock::time_point started) {
   // Beast's parser reads every Connection field line; the message's keep_alive() only the first.
   const bool asked_keep_alive = !reject && parser.is_header_done() && parser.keep_alive();
-  Request request = parser.release();
-  const std::string method(request.method_string());
-  const std::string target(request.target());
-  const bool head = request.method() == bhttp::verb::head;
+  const bool routed = !reject;
+  const std::string method(parser.get().method_string());
+  const std::string target(parser.get().target());
+  const bool head = parser.get().method() == bhttp::verb::head;
   bool keep_alive = false;
-  HandlerResult result;
-  if (reject) {
-    reject_pending_input_ = true;
-    result.response = make_problem(reject->problem, std::move(reject->detail), version, false);
-    result.outcome = "rejected";
-  } else {
-    keep_alive = asked_keep_alive && !close_after_response_ && !context_->draining;
-    if (shed_unread_body) {
-      // The rest of the body is still on its way: discarded by the lingering close.
-      keep_alive = false;
-      reject_pending_input_ = true;
-    }
-    // A named argument: GCC 12 destroys a braced temporary in a co_await expression twice.
-    RoutedRequest routed{std::move(request),      config,     route,
-                         std::move(in_flight),    shed,       client_ip_,
-                         kTls ? "https" : "http", request_id_};
-    routed.added = &added_;
-    result = co_await answer_routed(*context_->handler, std::move(routed), version, keep_alive);
+  auto answer = answer_held(parser.release(), config, route, in_flight, shed, shed_unread_body,
+                            reject, version, asked_keep_alive, keep_alive);
+  HandlerResult result = co_await std::move(answer);
+  if (routed) {
     // A drain or a close decided while the handler worked ends the connection after the answer.
     keep_alive = keep_alive && !close_after_response_ && !context_->draining;
   }
