@@ -12,6 +12,7 @@
 #include "gateway/core/fingerprint.hpp"
 #include "gateway/core/idempotency_key.hpp"
 #include "gateway/cors.hpp"
+#include "gateway/http/answer.hpp"
 #include "gateway/http/headers.hpp"
 #include "gateway/http/problem.hpp"
 #include "gateway/http/upstream_pool.hpp"
@@ -107,6 +108,84 @@ http::Response upstream_problem(core::UpstreamReply::Kind kind, std::string deta
   }
 }
 
+/// The 400 detail for a request without the route's key: which fields or pointer to send.
+std::string missing_key_detail(const config::Idempotency& idem) {
+  std::string detail;
+  switch (idem.key.kind) {
+    case core::KeySpec::Kind::header:
+      detail = "this route requires an " + idem.key.fields.front() + " header";
+      for (std::size_t i = 1; i < idem.key.fields.size(); ++i) {
+        detail += (i == 1 ? " (or " : ", or ") + idem.key.fields[i];
+      }
+      if (idem.key.fields.size() > 1) detail += ")";
+      detail +=
+          ": send a unique value (e.g. a UUID) per operation and repeat it on retries of that "
+          "operation";
+      break;
+    case core::KeySpec::Kind::headers:
+      detail = "this route requires the key headers";
+      for (const auto& h : idem.key.fields) detail += " " + h;
+      break;
+    case core::KeySpec::Kind::json_pointer:
+      detail = "this route requires a JSON body with a key at " + idem.key.json_pointer;
+      break;
+  }
+  return detail;
+}
+
+/// The client's answer for the filter's decision. `tail`: the rest of a body past
+/// max_stored_response (C39), passed on after an execution.
+http::HandlerResult keyed_answer(core::FilterResult decision, std::string key_hash,
+                                 std::shared_ptr<http::ResponseTail> tail,
+                                 const config::Idempotency& idem) {
+  http::HandlerResult result;
+  result.outcome = core::outcome_label(decision.outcome);
+  result.key_hash = std::move(key_hash);
+  result.upstream_time = decision.upstream_time;
+  switch (decision.outcome) {
+    case core::Outcome::executed:
+    case core::Outcome::not_stored:
+      result.response = to_response(std::move(decision.response));
+      result.tail = std::move(tail);
+      break;
+    case core::Outcome::unprotected:
+      result.response = to_response(std::move(decision.response));
+      result.response.set(kStatusField, "unprotected");
+      result.tail = std::move(tail);
+      break;
+    case core::Outcome::replayed: {
+      const bool omitted = decision.response.body_omitted;
+      result.response = to_response(std::move(decision.response));
+      result.response.set(kReplayedField, "true");
+      if (omitted) result.response.set(kBodyOmittedField, "true");
+      break;
+    }
+    case core::Outcome::mismatch: {
+      result.response = make_problem(ContractProblem::key_mismatch, std::move(decision.detail),
+                                     static_cast<unsigned>(idem.on_mismatch));
+      break;
+    }
+    case core::Outcome::in_flight:
+      result.response =
+          make_problem(ContractProblem::request_in_flight, std::move(decision.detail));
+      result.response.set(bhttp::field::retry_after, "1");
+      break;
+    case core::Outcome::store_unavailable:
+      result.response =
+          make_problem(ContractProblem::store_unavailable, std::move(decision.detail));
+      result.response.set(bhttp::field::retry_after, "1");
+      break;
+    case core::Outcome::upstream_error:
+      result.response = upstream_problem(decision.upstream_kind, std::move(decision.detail));
+      break;
+    case core::Outcome::shed:
+      result.response = problem(http::Problem::overloaded, std::move(decision.detail));
+      result.response.set(bhttp::field::retry_after, "1");
+      break;
+  }
+  return result;
+}
+
 }  // namespace
 
 core::RoutePolicy route_policy(const config::Idempotency& idempotency) {
@@ -172,6 +251,10 @@ void IdempotencyHandler::strip_owned_fields(bhttp::fields& fields) const {
   http::erase_fields(fields, {kReplayedField, kBodyOmittedField, kStatusField});
 }
 
+// Not a coroutine: the checks before the filter run at the call (inside the caller's co_await),
+// and only what crosses a suspension lives in a coroutine frame. Asio recycles frames up to
+// 1020 bytes; a larger one is a fresh heap block per request, and a block that size sends glibc's
+// malloc through its slow path (fastbin consolidation) for the allocations after it.
 asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange exchange) {
   http::Request& req = exchange.request;  // without the fields the gateway owns (C16)
 
@@ -184,45 +267,28 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
     preflight.response = preflight_response(*exchange.route, req);
     preflight.outcome = "preflight";
     preflight.route_fields_set = true;
-    co_return preflight;
+    return http::answer_now(std::move(preflight));
   }
   const config::Idempotency& idem = contract.idempotency;
   if (idem.mode == config::IdempotencyMode::off ||
       !method_listed(idem.methods, req.method_string())) {
-    co_return co_await pass_through(std::move(exchange), "passthrough");  // C11, C12
+    return pass_through(std::move(exchange), "passthrough");  // C11, C12
   }
 
   const core::KeyParse key = request_key(idem, req.base(), req.body());
   if (key.status == core::KeyParse::Status::invalid) {
-    co_return http::HandlerResult{
-        make_problem(ContractProblem::invalid_key, key.detail), "invalid_key", {}, {}};
+    return http::answer_now(http::HandlerResult{
+        make_problem(ContractProblem::invalid_key, key.detail), "invalid_key", {}, {}});
   }
   if (key.status == core::KeyParse::Status::absent) {
     if (idem.mode == config::IdempotencyMode::optional) {
-      co_return co_await pass_through(std::move(exchange), "passthrough");  // C11
+      return pass_through(std::move(exchange), "passthrough");  // C11
     }
-    std::string detail;
-    switch (idem.key.kind) {
-      case core::KeySpec::Kind::header:
-        detail = "this route requires an " + idem.key.fields.front() + " header";
-        for (std::size_t i = 1; i < idem.key.fields.size(); ++i) {
-          detail += (i == 1 ? " (or " : ", or ") + idem.key.fields[i];
-        }
-        if (idem.key.fields.size() > 1) detail += ")";
-        detail +=
-            ": send a unique value (e.g. a UUID) per operation and repeat it on retries of that "
-            "operation";
-        break;
-      case core::KeySpec::Kind::headers:
-        detail = "this route requires the key headers";
-        for (const auto& h : idem.key.fields) detail += " " + h;
-        break;
-      case core::KeySpec::Kind::json_pointer:
-        detail = "this route requires a JSON body with a key at " + idem.key.json_pointer;
-        break;
-    }
-    co_return http::HandlerResult{
-        make_problem(ContractProblem::missing_key, std::move(detail)), "missing_key", {}, {}};
+    return http::answer_now(
+        http::HandlerResult{make_problem(ContractProblem::missing_key, missing_key_detail(idem)),
+                            "missing_key",
+                            {},
+                            {}});
   }
 
   const core::Sha256 scope = request_scope(*exchange.route, req);
@@ -250,70 +316,34 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
 
   // The request and its upstream live in a shared state owned by the filter's coroutine, which
   // runs on its own: the session going away does not cancel it (C34).
+  auto shared = std::make_shared<KeyedExchange>();
+  shared->policy = route_policy(idem);
+  shared->exchange = std::move(exchange);
+  return run_keyed(std::move(shared), std::move(keyed), std::move(key_hash));
+}
+
+asio::awaitable<http::HandlerResult> IdempotencyHandler::run_keyed(
+    std::shared_ptr<KeyedExchange> shared, core::KeyedRequest keyed, std::string key_hash) {
+  const config::Idempotency& idem = config::contract_of(*shared->exchange.route).idempotency;
   // A body past max_stored_response is not held: its tail waits here until the record is
   // committed, then goes to the client as it arrives (C39).
-  auto shared = std::make_shared<http::Exchange>(std::move(exchange));
   auto tail = std::make_shared<std::shared_ptr<http::ResponseTail>>();
-  http::Forwarder* forwarder = &forwarder_;
-  core::IdempotencyFilter::Forward forward = [shared, tail,
-                                              forwarder]() -> asio::awaitable<core::UpstreamReply> {
-    http::ForwardResult fwd = co_await forwarder->forward(
-        *shared->upstream, std::move(shared->forwardable()),
-        config::contract_of(*shared->route).idempotency.max_stored_response);
-    *tail = fwd.tail;
-    co_return to_reply(std::move(fwd));
-  };
-  const core::RoutePolicy policy = route_policy(idem);
+  auto executor = co_await asio::this_coro::executor;
+  // Built in a statement of its own: the request and the callback are moved into the filter's
+  // frame, not kept in this one. The policy lives in `shared`, which the callback holds.
+  auto filter_run = filter_.run(
+      shared->policy, std::move(keyed),
+      core::IdempotencyFilter::Forward(
+          [shared, tail, forwarder = &forwarder_]() -> asio::awaitable<core::UpstreamReply> {
+            http::ForwardResult fwd = co_await forwarder->forward(
+                *shared->exchange.upstream, std::move(shared->exchange.forwardable()),
+                config::contract_of(*shared->exchange.route).idempotency.max_stored_response);
+            *tail = fwd.tail;
+            co_return to_reply(std::move(fwd));
+          }));
   core::FilterResult decision =
-      co_await asio::co_spawn(co_await asio::this_coro::executor,
-                              filter_.run(policy, keyed, std::move(forward)), asio::use_awaitable);
-
-  http::HandlerResult result;
-  result.outcome = core::outcome_label(decision.outcome);
-  result.key_hash = std::move(key_hash);
-  result.upstream_time = decision.upstream_time;
-  switch (decision.outcome) {
-    case core::Outcome::executed:
-    case core::Outcome::not_stored:
-      result.response = to_response(std::move(decision.response));
-      result.tail = std::move(*tail);
-      break;
-    case core::Outcome::unprotected:
-      result.response = to_response(std::move(decision.response));
-      result.response.set(kStatusField, "unprotected");
-      result.tail = std::move(*tail);
-      break;
-    case core::Outcome::replayed: {
-      const bool omitted = decision.response.body_omitted;
-      result.response = to_response(std::move(decision.response));
-      result.response.set(kReplayedField, "true");
-      if (omitted) result.response.set(kBodyOmittedField, "true");
-      break;
-    }
-    case core::Outcome::mismatch: {
-      result.response = make_problem(ContractProblem::key_mismatch, std::move(decision.detail),
-                                     static_cast<unsigned>(idem.on_mismatch));
-      break;
-    }
-    case core::Outcome::in_flight:
-      result.response =
-          make_problem(ContractProblem::request_in_flight, std::move(decision.detail));
-      result.response.set(bhttp::field::retry_after, "1");
-      break;
-    case core::Outcome::store_unavailable:
-      result.response =
-          make_problem(ContractProblem::store_unavailable, std::move(decision.detail));
-      result.response.set(bhttp::field::retry_after, "1");
-      break;
-    case core::Outcome::upstream_error:
-      result.response = upstream_problem(decision.upstream_kind, std::move(decision.detail));
-      break;
-    case core::Outcome::shed:
-      result.response = problem(http::Problem::overloaded, std::move(decision.detail));
-      result.response.set(bhttp::field::retry_after, "1");
-      break;
-  }
-  co_return result;
+      co_await asio::co_spawn(executor, std::move(filter_run), asio::use_awaitable);
+  co_return keyed_answer(std::move(decision), std::move(key_hash), std::move(*tail), idem);
 }
 
 }  // namespace idemgate

@@ -61,6 +61,15 @@ class IdempotencyHandler final : public http::RequestHandler {
  private:
   boost::asio::awaitable<http::HandlerResult> pass_through(http::Exchange exchange,
                                                            const char* outcome);
+  /// A keyed request and its route's policy, shared by handle() and the filter's run (C34).
+  struct KeyedExchange {
+    http::Exchange exchange;
+    core::RoutePolicy policy;
+  };
+  /// The keyed part of handle(): the filter on its own coroutine (C34), then the answer.
+  boost::asio::awaitable<http::HandlerResult> run_keyed(std::shared_ptr<KeyedExchange> shared,
+                                                        core::KeyedRequest keyed,
+                                                        std::string key_hash);
 
   http::Forwarder& forwarder_;
   core::IdempotencyFilter filter_;

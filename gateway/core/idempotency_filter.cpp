@@ -293,13 +293,19 @@ void IdempotencyFilter::when_settled(std::function<void()> done) {
   on_settled_ = std::move(done);
 }
 
-asio::awaitable<FilterResult> IdempotencyFilter::run(RoutePolicy policy, KeyedRequest request,
-                                                     Forward forward) {
+// Every named local of a coroutine has its own slot in its frame (GCC 12 does not share slots
+// between scopes), and Asio recycles frames only up to 1020 bytes: a larger one is a fresh heap
+// block per request, and a block that size sends glibc's malloc through its slow path for the
+// allocations after it. So run() keeps one answer, and the steps that need a record lookup
+// run in frames of their own.
+asio::awaitable<FilterResult> IdempotencyFilter::run(const RoutePolicy& policy,
+                                                     KeyedRequest request, Forward forward) {
   const std::string token = random_token();
   const auto deadline = std::chrono::steady_clock::now() + policy.wait_timeout;
   auto backoff = std::chrono::milliseconds(5);
   std::optional<WaiterSlot> waiting;  // held from the first wait until this request ends
   int stale_markers = 0;
+  FilterResult answer;  // filled by the step that ends the request
   for (;;) {
     // C54: a place in the commit queue before the lock, kept through the commit when this
     // attempt executes, given back at the end of the iteration when it does not.
@@ -307,84 +313,47 @@ asio::awaitable<FilterResult> IdempotencyFilter::run(RoutePolicy policy, KeyedRe
     if (budget_) {
       place = budget_->try_take();
       if (!place) {
-        FilterResult result;
-        result.outcome = Outcome::shed;
-        result.detail = "the gateway has " + std::to_string(budget_->max_pending()) +
-                        " records waiting for their commit (storage.postgres.max_pending); the "
-                        "request was not forwarded, retry later";
-        co_return result;
+        shed(budget_->max_pending(), answer);
+        co_return std::move(answer);
       }
     }
     // One round trip: the lock is ours, or we learn what holds the key.
     auto acquired = co_await lock_.acquire(request.id, token, policy.lock_ttl);
     if (!acquired) {
-      // The lock store failed; a committed record in Postgres can still answer.
-      auto found = co_await store_.find(request.id);
-      if (found && *found) {
-        if (events_.store_error) events_.store_error("lock acquire", acquired.error());
-        co_return from_record(**found, request);
-      }
-      co_return co_await on_store_error(policy, "lock acquire", acquired.error(), forward);
+      co_await without_lock(policy, request, acquired.error(), forward, answer);
+      co_return std::move(answer);
     }
     if (acquired->acquired) {
       waiting.reset();  // no longer a waiter: it executes
-      co_return co_await execute_locked(policy, request, token, forward);
+      co_await execute_locked(policy, request, token, forward, answer);
+      co_return std::move(answer);
     }
-
-    if (is_replay_marker(acquired->holder)) {
-      // Committed (C23). The marker is written only after its record committed, and carries
-      // the record's fingerprint and, when small, its stored response.
-      const auto marker = decode_replay_marker(acquired->holder);
-      if (marker && marker->fingerprint != request.fingerprint) {
-        FilterResult result;
-        result.outcome = Outcome::mismatch;
-        result.detail = kMismatchDetail;
-        result.from_marker = true;
-        co_return result;
-      }
-      if (marker && marker->response) {
-        FilterResult result;
-        result.outcome = Outcome::replayed;
-        result.response = std::move(*marker->response);
-        result.from_marker = true;
-        co_return result;
-      }
-      auto found = co_await store_.find(request.id);
-      if (!found)
-        co_return co_await on_store_error(policy, "record lookup", found.error(), forward);
-      if (*found) co_return from_record(**found, request);
-      // The record is gone (purged, or expired early) while its marker lived: drop that marker
-      // (only if it is still the value) and compete for the key again.
-      co_await lock_.release(request.id, acquired->holder);
-      if (++stale_markers <= 2) continue;
-    } else {
-      // The holder may have committed and answered without having replaced its lock yet (C15):
-      // the record decides before any 409.
-      auto again = co_await store_.find(request.id);
-      if (!again)
-        co_return co_await on_store_error(policy, "record lookup", again.error(), forward);
-      if (*again) co_return from_record(**again, request);
-      if (events_.lock_contention) events_.lock_contention();  // still executing elsewhere
+    // Committed (C23): the marker alone answers when it carries the response.
+    if (is_replay_marker(acquired->holder) &&
+        answered_by_marker(acquired->holder, request, answer)) {
+      co_return std::move(answer);
     }
+    const Step step = co_await held_by(policy, request, std::move(acquired->holder), forward,
+                                       stale_markers, answer);
+    if (step == Step::answered) co_return std::move(answer);
+    if (step == Step::compete_again) continue;
 
     place.release();  // not executing: a waiter holds no place while it waits
     if (!policy.wait_for_in_flight || std::chrono::steady_clock::now() >= deadline) {
-      FilterResult result;
-      result.outcome = Outcome::in_flight;
-      result.detail =
+      answer.outcome = Outcome::in_flight;
+      answer.detail =
           "a request with this idempotency key is still being processed; retry after it "
           "completes";
-      co_return result;
+      co_return std::move(answer);
     }
     if (!waiting) {
       // Coalescing is bounded: every waiter holds a client connection and polls the stores.
       if (waiters(request.id) >= policy.max_waiters) {
-        FilterResult result;
-        result.outcome = Outcome::in_flight;
-        result.detail =
+        answer.outcome = Outcome::in_flight;
+        answer.detail =
             "a request with this idempotency key is still being processed and too many others "
             "are already waiting for it; retry after it completes";
-        co_return result;
+        co_return std::move(answer);
       }
       waiting.emplace(waiters_, request.id);
     }
@@ -395,6 +364,74 @@ asio::awaitable<FilterResult> IdempotencyFilter::run(RoutePolicy policy, KeyedRe
     co_await sleep_for(std::min(backoff, std::max(left, std::chrono::milliseconds(1))));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(100));
   }
+}
+
+void IdempotencyFilter::shed(std::size_t max_pending, FilterResult& answer) {
+  answer.outcome = Outcome::shed;
+  answer.detail = "the gateway has " + std::to_string(max_pending) +
+                  " records waiting for their commit (storage.postgres.max_pending); the "
+                  "request was not forwarded, retry later";
+}
+
+bool IdempotencyFilter::answered_by_marker(std::string_view holder, const KeyedRequest& request,
+                                           FilterResult& answer) {
+  // The marker is written only after its record committed, and carries the record's
+  // fingerprint and, when small, its stored response.
+  auto marker = decode_replay_marker(holder);
+  if (marker && marker->fingerprint != request.fingerprint) {
+    answer.outcome = Outcome::mismatch;
+    answer.detail = kMismatchDetail;
+    answer.from_marker = true;
+    return true;
+  }
+  if (marker && marker->response) {
+    answer.outcome = Outcome::replayed;
+    answer.response = std::move(*marker->response);
+    answer.from_marker = true;
+    return true;
+  }
+  return false;
+}
+
+asio::awaitable<IdempotencyFilter::Step> IdempotencyFilter::held_by(
+    const RoutePolicy& policy, const KeyedRequest& request, std::string holder,
+    const Forward& forward, int& stale_markers, FilterResult& answer) {
+  const bool marker = is_replay_marker(holder);
+  // A marker without the response: the record has it. A lock: the holder may have committed
+  // and answered without having replaced its lock yet (C15), so the record decides before any
+  // 409.
+  auto found = co_await store_.find(request.id);
+  if (!found) {
+    answer = co_await on_store_error(policy, "record lookup", found.error(), forward);
+    co_return Step::answered;
+  }
+  if (*found) {
+    answer = from_record(**found, request);
+    co_return Step::answered;
+  }
+  if (marker) {
+    // The record is gone (purged, or expired early) while its marker lived: drop that marker
+    // (only if it is still the value) and compete for the key again.
+    co_await lock_.release(request.id, std::move(holder));
+    co_return ++stale_markers <= 2 ? Step::compete_again : Step::held;
+  }
+  if (events_.lock_contention) events_.lock_contention();  // still executing elsewhere
+  co_return Step::held;
+}
+
+asio::awaitable<void> IdempotencyFilter::without_lock(const RoutePolicy& policy,
+                                                      const KeyedRequest& request,
+                                                      boost::system::error_code ec,
+                                                      const Forward& forward,
+                                                      FilterResult& answer) {
+  // The lock store failed; a committed record in Postgres can still answer.
+  auto found = co_await store_.find(request.id);
+  if (found && *found) {
+    if (events_.store_error) events_.store_error("lock acquire", ec);
+    answer = from_record(**found, request);
+    co_return;
+  }
+  answer = co_await on_store_error(policy, "lock acquire", ec, forward);
 }
 
 asio::awaitable<boost::system::result<InsertResult>> IdempotencyFilter::commit(
@@ -427,23 +464,26 @@ asio::awaitable<boost::system::result<InsertResult>> IdempotencyFilter::commit(
   }
 }
 
-asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolicy& policy,
-                                                                const KeyedRequest& request,
-                                                                const std::string& token,
-                                                                const Forward& forward) {
+asio::awaitable<void> IdempotencyFilter::execute_locked(const RoutePolicy& policy,
+                                                        const KeyedRequest& request,
+                                                        const std::string& token,
+                                                        const Forward& forward,
+                                                        FilterResult& answer) {
   const auto executor = co_await asio::this_coro::executor;
   // The record may be older than any marker (the marker expired first, or Redis lost it).
   auto found = co_await store_.find(request.id);
   if (!found) {
     co_await lock_.release(request.id, token);
-    co_return co_await on_store_error(policy, "record lookup", found.error(), forward);
+    answer = co_await on_store_error(policy, "record lookup", found.error(), forward);
+    co_return;
   }
   if (*found) {
     // Put the marker back, so the retries after this one skip Postgres again.
     const StoredRecord& record = **found;
     settle(executor, request.id, token, marker_for(policy, record.fingerprint, record.response),
            marker_end(policy, record.expires_at));
-    co_return from_record(record, request);
+    answer = from_record(record, request);
+    co_return;
   }
 
   // Renewal lasts through the upstream call and the commit (C26 retries included), and ends
@@ -456,41 +496,40 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
   const auto upstream_time = std::chrono::duration_cast<std::chrono::microseconds>(
       std::chrono::steady_clock::now() - started);
 
-  FilterResult result;
-  result.upstream_time = upstream_time;
+  answer.upstream_time = upstream_time;
   if (reply.kind != UpstreamReply::Kind::response) {
     renewal.stop();
-    result.outcome = Outcome::upstream_error;
-    result.upstream_kind = reply.kind;
-    result.detail = std::move(reply.detail);
+    answer.outcome = Outcome::upstream_error;
+    answer.upstream_kind = reply.kind;
+    answer.detail = std::move(reply.detail);
     // Not reached: nothing executed, free the key. Unknown outcome: the upstream may have
     // executed; hold the lock until lock_ttl so quick retries get 409 (C22).
     if (reply.kind == UpstreamReply::Kind::not_reached || !policy.hold_on_unknown_outcome) {
       co_await lock_.release(request.id, token);
     }
-    co_return result;
+    co_return;
   }
 
   if (!policy.store_statuses.contains(reply.response.status)) {
     renewal.stop();
     co_await lock_.release(request.id, token);
-    result.outcome = Outcome::not_stored;
-    result.response = std::move(reply.response);
-    co_return result;
+    answer.outcome = Outcome::not_stored;
+    answer.response = std::move(reply.response);
+    co_return;
   }
 
-  result.response = std::move(reply.response);
+  answer.response = std::move(reply.response);
   // The record expires ttl after its insert starts, by Postgres's clock: no earlier than this.
   const auto earliest_expiry = std::chrono::system_clock::now() + policy.ttl;
-  auto inserted = co_await commit(policy, request, result.response);
+  auto inserted = co_await commit(policy, request, answer.response);
   renewal.stop();
   if (!inserted) {
     // C26: the upstream executed; the client gets its answer, the lock stays until lock_ttl so
     // quick retries get 409 rather than a second execution.
-    result.outcome = Outcome::executed;
-    result.record_commit_failed = true;
+    answer.outcome = Outcome::executed;
+    answer.record_commit_failed = true;
     if (events_.record_commit_failed) events_.record_commit_failed();
-    co_return result;
+    co_return;
   }
   if (!inserted->inserted && inserted->existing) {
     // C36: the lock was lost and another execution committed first; its answer is the one.
@@ -498,22 +537,22 @@ asio::awaitable<FilterResult> IdempotencyFilter::execute_locked(const RoutePolic
     const StoredRecord& winner = *inserted->existing;
     settle(executor, request.id, token, marker_for(policy, winner.fingerprint, winner.response),
            marker_end(policy, winner.expires_at));
-    FilterResult replay = from_record(winner, request);
-    replay.duplicate_execution = true;
-    replay.upstream_time = upstream_time;
-    co_return replay;
+    answer = from_record(winner, request);
+    answer.duplicate_execution = true;
+    answer.upstream_time = upstream_time;
+    co_return;
   }
   // The marker carries the record's stored form: without the body unless stores_body().
   std::optional<std::string> marker;
-  if (!stores_body(result.response, policy)) {
-    StoredResponse stored{result.response.status, result.response.headers, {}, true};
+  if (!stores_body(answer.response, policy)) {
+    StoredResponse stored{answer.response.status, answer.response.headers, {}, true};
     marker = marker_for(policy, request.fingerprint, stored);
   } else {
-    marker = marker_for(policy, request.fingerprint, result.response);
+    marker = marker_for(policy, request.fingerprint, answer.response);
   }
   settle(executor, request.id, token, std::move(marker), marker_end(policy, earliest_expiry));
-  result.outcome = Outcome::executed;
-  co_return result;
+  answer.outcome = Outcome::executed;
+  co_return;
 }
 
 }  // namespace idemgate::core

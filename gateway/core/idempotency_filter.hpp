@@ -146,8 +146,14 @@ class IdempotencyFilter {
   IdempotencyFilter(RecordStore& store, LockService& lock, FilterEvents events = {},
                     std::shared_ptr<CommitBudget> budget = nullptr);
 
-  boost::asio::awaitable<FilterResult> run(RoutePolicy policy, KeyedRequest request,
+  /// `policy` is read until the returned awaitable completes, so it must outlive that: the
+  /// handler keeps it in the shared state its `forward` holds, so it lives as long as the run
+  /// (C34) even when the caller goes away.
+  boost::asio::awaitable<FilterResult> run(const RoutePolicy& policy, KeyedRequest request,
                                            Forward forward);
+  /// A temporary policy would be gone before the run reads it.
+  boost::asio::awaitable<FilterResult> run(RoutePolicy&& policy, KeyedRequest request,
+                                           Forward forward) = delete;
 
   /// How many requests of this filter are waiting for record `id` now (C18 wait mode).
   std::size_t waiters(const Sha256& id) const;
@@ -165,10 +171,29 @@ class IdempotencyFilter {
   /// One held lock's renewal (C23): an entry of renewals_, due every lock_ttl/3.
   struct LockRenewal;
 
-  boost::asio::awaitable<FilterResult> execute_locked(const RoutePolicy& policy,
-                                                      const KeyedRequest& request,
-                                                      const std::string& token,
-                                                      const Forward& forward);
+  /// What an attempt at the key ended with, in run()'s loop.
+  enum class Step { answered, compete_again, held };
+  /// The commit queue is full (C54): `answer` is the 503 `shed`.
+  static void shed(std::size_t max_pending, FilterResult& answer);
+  /// The committed marker `holder` answers (mismatch, or the replay of the response it
+  /// carries, C23): fills `answer`. False when the marker has no response or does not decode.
+  static bool answered_by_marker(std::string_view holder, const KeyedRequest& request,
+                                 FilterResult& answer);
+  /// The key is held by `holder` (a marker without its response, or another request's lock):
+  /// the record answers if it exists (C15); a marker whose record is gone is dropped and the key
+  /// competed for again (twice at most); otherwise the key is still held elsewhere.
+  boost::asio::awaitable<Step> held_by(const RoutePolicy& policy, const KeyedRequest& request,
+                                       std::string holder, const Forward& forward,
+                                       int& stale_markers, FilterResult& answer);
+  /// The lock store failed: a committed record still answers, otherwise on_store_error (C25).
+  boost::asio::awaitable<void> without_lock(const RoutePolicy& policy, const KeyedRequest& request,
+                                            boost::system::error_code ec, const Forward& forward,
+                                            FilterResult& answer);
+  /// The lock is this request's: the record decides, else the upstream executes and its
+  /// answer is committed (C20–C26, C36); fills `answer`.
+  boost::asio::awaitable<void> execute_locked(const RoutePolicy& policy,
+                                              const KeyedRequest& request, const std::string& token,
+                                              const Forward& forward, FilterResult& answer);
   /// Inserts the record of `response` for `request`, retrying a failure until
   /// policy.commit_timeout (C26).
   boost::asio::awaitable<boost::system::result<InsertResult>> commit(
