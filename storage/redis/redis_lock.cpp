@@ -100,24 +100,29 @@ asio::awaitable<boost::system::result<core::Acquired>> RedisLock::acquire(
   using Result = boost::system::result<core::Acquired>;
   std::string key = key_of(id);
   if (options_.wait_replicas > 0) co_return co_await acquire_and_wait(std::move(key), token, ttl);
-  std::optional<boost::system::result<Reply>> reply;
-  if (set_nx_get_) {
-    std::vector<std::string> argv{"SET", key, token, "NX", "PX", millis(ttl), "GET"};
-    reply = co_await client_.execute(key, std::move(argv), undo_of(key, token));
-    if (*reply && (*reply)->is_error() && (*reply)->str.find("syntax") != std::string::npos) {
+  for (;;) {
+    // The command and its undo are built in a statement without a suspension: their
+    // temporaries stay out of this frame (GCC 12 keeps those of an awaited expression there),
+    // so it stays under Asio's 1020-byte recycling limit.
+    const bool nx_get = set_nx_get_;
+    auto call =
+        nx_get
+            ? client_.execute(
+                  key, std::vector<std::string>{"SET", key, token, "NX", "PX", millis(ttl), "GET"},
+                  undo_of(key, token))
+            : eval(&acquire_, key, std::vector<std::string>{token, millis(ttl)},
+                   undo_of(key, token));
+    auto reply = co_await std::move(call);
+    if (nx_get && reply && reply->is_error() && reply->str.find("syntax") != std::string::npos) {
       set_nx_get_ = false;  // Redis < 7.0: NX and GET together are a syntax error there
+      continue;
     }
+    if (!reply) co_return Result(boost::system::in_place_error, reply.error());
+    // nil: the key was free and is ours now; a string: what holds it (not set, NX).
+    if (reply->is_nil()) co_return core::Acquired{true, {}};
+    if (reply->kind == Reply::Kind::string) co_return core::Acquired{false, std::move(reply->str)};
+    co_return Result(boost::system::in_place_error, store_errc::protocol);
   }
-  if (!set_nx_get_) {
-    std::vector<std::string> args{token, millis(ttl)};
-    reply = co_await eval(&acquire_, key, std::move(args), undo_of(key, token));
-  }
-  if (!*reply) co_return Result(boost::system::in_place_error, reply->error());
-  // nil: the key was free and is ours now; a string: what holds it (not set, NX).
-  if ((*reply)->is_nil()) co_return core::Acquired{true, {}};
-  if ((*reply)->kind == Reply::Kind::string)
-    co_return core::Acquired{false, std::move((*reply)->str)};
-  co_return Result(boost::system::in_place_error, store_errc::protocol);
 }
 
 asio::awaitable<boost::system::result<core::Acquired>> RedisLock::acquire_and_wait(
