@@ -251,10 +251,10 @@ void IdempotencyHandler::strip_owned_fields(bhttp::fields& fields) const {
   http::erase_fields(fields, {kReplayedField, kBodyOmittedField, kStatusField});
 }
 
-// Not a coroutine: the checks before the filter run at the call (inside the caller's co_await),
-// and only what crosses a suspension lives in a coroutine frame. Asio recycles frames up to
-// 1020 bytes; a larger one is a fresh heap block per request, and a block that size sends glibc's
-// malloc through its slow path (fastbin consolidation) for the allocations after it.
+// Not a coroutine: the checks before the filter run at the call, and only what crosses a
+// suspension lives in a coroutine frame. Asio recycles frames up to 1020 bytes; a larger one is a
+// fresh heap block per request, and a block that size sends glibc's malloc through its slow path
+// (fastbin consolidation) for the allocations after it.
 asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange exchange) {
   http::Request& req = exchange.request;  // without the fields the gateway owns (C16)
 
@@ -277,18 +277,21 @@ asio::awaitable<http::HandlerResult> IdempotencyHandler::handle(http::Exchange e
 
   const core::KeyParse key = request_key(idem, req.base(), req.body());
   if (key.status == core::KeyParse::Status::invalid) {
-    return http::answer_now(http::HandlerResult{
-        make_problem(ContractProblem::invalid_key, key.detail), "invalid_key", {}, {}});
+    // Named first: GCC 12 mishandles an aggregate temporary passed to a coroutine by value.
+    http::HandlerResult invalid{
+        make_problem(ContractProblem::invalid_key, key.detail), "invalid_key", {}, {}};
+    return http::answer_now(std::move(invalid));
   }
   if (key.status == core::KeyParse::Status::absent) {
     if (idem.mode == config::IdempotencyMode::optional) {
       return pass_through(std::move(exchange), "passthrough");  // C11
     }
-    return http::answer_now(
-        http::HandlerResult{make_problem(ContractProblem::missing_key, missing_key_detail(idem)),
-                            "missing_key",
-                            {},
-                            {}});
+    http::HandlerResult missing{
+        make_problem(ContractProblem::missing_key, missing_key_detail(idem)),
+        "missing_key",
+        {},
+        {}};
+    return http::answer_now(std::move(missing));
   }
 
   const core::Sha256 scope = request_scope(*exchange.route, req);

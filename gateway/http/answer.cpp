@@ -95,8 +95,8 @@ boost::asio::awaitable<HandlerResult> guarded(boost::asio::awaitable<HandlerResu
 }  // namespace
 
 // Not a coroutine: the answers that need no upstream are made at the call, and the request is
-// handed to the handler before the first suspension, so no coroutine frame carries it (see
-// IdempotencyHandler::handle).
+// handed to the handler before the first suspension, so this function's frame does not carry it
+// (the handler's own coroutine may; see IdempotencyHandler::handle).
 boost::asio::awaitable<HandlerResult> answer_routed(RequestHandler& handler, RoutedRequest in,
                                                     unsigned version, bool& keep_alive) {
   HandlerResult result;
@@ -146,8 +146,9 @@ boost::asio::awaitable<HandlerResult> answer_routed(RequestHandler& handler, Rou
   try {
     call = handler.handle(std::move(exchange));
   } catch (...) {
-    return answer_now(handler_failed(route.name, method, target, in.request_id,
-                                     what_of(std::current_exception()), version, keep_alive));
+    HandlerResult failed = handler_failed(route.name, method, target, in.request_id,
+                                          what_of(std::current_exception()), version, keep_alive);
+    return answer_now(std::move(failed));
   }
   return guarded(std::move(call), route, std::move(method), std::move(target), in.request_id,
                  version, keep_alive);
