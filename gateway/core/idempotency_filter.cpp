@@ -313,7 +313,10 @@ asio::awaitable<FilterResult> IdempotencyFilter::run(const RoutePolicy& policy,
     if (budget_) {
       place = budget_->try_take();
       if (!place) {
-        shed(budget_->max_pending(), answer);
+        answer.outcome = Outcome::shed;
+        answer.detail = "the gateway has " + std::to_string(budget_->max_pending()) +
+                        " records waiting for their commit (storage.postgres.max_pending); the "
+                        "request was not forwarded, retry later";
         co_return std::move(answer);
       }
     }
@@ -364,13 +367,6 @@ asio::awaitable<FilterResult> IdempotencyFilter::run(const RoutePolicy& policy,
     co_await sleep_for(std::min(backoff, std::max(left, std::chrono::milliseconds(1))));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(100));
   }
-}
-
-void IdempotencyFilter::shed(std::size_t max_pending, FilterResult& answer) {
-  answer.outcome = Outcome::shed;
-  answer.detail = "the gateway has " + std::to_string(max_pending) +
-                  " records waiting for their commit (storage.postgres.max_pending); the "
-                  "request was not forwarded, retry later";
 }
 
 bool IdempotencyFilter::answered_by_marker(std::string_view holder, const KeyedRequest& request,

@@ -173,8 +173,6 @@ class IdempotencyFilter {
 
   /// What an attempt at the key ended with, in run()'s loop.
   enum class Step { answered, compete_again, held };
-  /// The commit queue is full (C54): `answer` is the 503 `shed`.
-  static void shed(std::size_t max_pending, FilterResult& answer);
   /// The committed marker `holder` answers (mismatch, or the replay of the response it
   /// carries, C23): fills `answer`. False when the marker has no response or does not decode.
   static bool answered_by_marker(std::string_view holder, const KeyedRequest& request,

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "gateway/common/json_log.hpp"
+#include "gateway/common/log_on_exception.hpp"
 #include "gateway/http/headers.hpp"
 #include "gateway/http/problem.hpp"
 #include "gateway/http/router.hpp"
@@ -66,16 +67,6 @@ HandlerResult handler_failed(std::string_view route, std::string_view method,
   return result;
 }
 
-std::string what_of(std::exception_ptr e) {
-  try {
-    std::rethrow_exception(std::move(e));
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "unknown exception";
-  }
-}
-
 /// Awaits the handler's answer; a handler that throws while it runs is answered as above. Its
 /// frame holds the names the log line needs, not the request.
 boost::asio::awaitable<HandlerResult> guarded(boost::asio::awaitable<HandlerResult> call,
@@ -88,7 +79,7 @@ boost::asio::awaitable<HandlerResult> guarded(boost::asio::awaitable<HandlerResu
   } catch (...) {
     failure = std::current_exception();
   }
-  co_return handler_failed(route.name, method, target, request_id, what_of(std::move(failure)),
+  co_return handler_failed(route.name, method, target, request_id, common::exception_text(failure),
                            version, keep_alive);
 }
 
@@ -146,8 +137,9 @@ boost::asio::awaitable<HandlerResult> answer_routed(RequestHandler& handler, Rou
   try {
     call = handler.handle(std::move(exchange));
   } catch (...) {
-    HandlerResult failed = handler_failed(route.name, method, target, in.request_id,
-                                          what_of(std::current_exception()), version, keep_alive);
+    HandlerResult failed =
+        handler_failed(route.name, method, target, in.request_id,
+                       common::exception_text(std::current_exception()), version, keep_alive);
     return answer_now(std::move(failed));
   }
   return guarded(std::move(call), route, std::move(method), std::move(target), in.request_id,
