@@ -35,17 +35,6 @@ void forward_notice(void*, const char* message) {
   spdlog::info("postgres: {}", trimmed(message));
 }
 
-// Runs `op` unless `deadline` passes first. std::nullopt: the deadline won; `op` was cancelled
-// and has finished unwinding when this returns.
-template <class T>
-asio::awaitable<std::optional<T>> before(asio::awaitable<T> op, asio::steady_timer* timer,
-                                         Deadline deadline) {
-  timer->expires_at(deadline);
-  auto outcome = co_await (std::move(op) || timer->async_wait(use_nothrow));
-  if (outcome.index() == 1) co_return std::nullopt;
-  co_return std::get<0>(std::move(outcome));
-}
-
 // The parallel arrays PQsendQuery{Prepared,Params} take, pointing into `params`.
 struct WireParams {
   explicit WireParams(const std::vector<Param>& params) {
@@ -145,16 +134,8 @@ bool PgConnection::attach_socket() {
 
 asio::awaitable<boost::system::result<void>> PgConnection::connect(Deadline deadline) {
   if (conn_ || broken_) co_return store_errc::unavailable;
-  busy_ = true;
-  auto opened = co_await before(open(), &timer_, deadline);
-  if (!opened) {
-    broken_ = true;
-    last_error_ = "connect timed out";
-    spdlog::warn("postgres: {}", last_error_);
-    co_return store_errc::timed_out;
-  }
-  busy_ = false;
-  co_return *opened;
+  auto opening = open();
+  co_return co_await within(std::move(opening), deadline, "connect timed out", nullptr);
 }
 
 asio::awaitable<boost::system::result<void>> PgConnection::open() {
@@ -211,33 +192,66 @@ asio::awaitable<boost::system::result<void>> PgConnection::open() {
 asio::awaitable<boost::system::result<PgResult>> PgConnection::execute(Statement statement,
                                                                        std::vector<Param> params,
                                                                        Deadline deadline) {
-  if (!connected_ || broken_ || busy_) co_return store_errc::unavailable;
-  busy_ = true;
-  auto done = co_await before(run_prepared(statement, std::move(params)), &timer_, deadline);
-  if (!done) {
-    broken_ = true;
-    last_error_ = std::string("statement timed out: ") + statement.name;
-    spdlog::warn("postgres: {}", last_error_);
-    co_return store_errc::timed_out;
-  }
-  busy_ = false;
-  co_return std::move(*done);
+  if (!connected_) co_return store_errc::unavailable;
+  auto run = run_prepared(statement, std::move(params));
+  co_return co_await within(std::move(run), deadline, "statement timed out", statement.name);
 }
 
 asio::awaitable<boost::system::result<PgResult>> PgConnection::query(std::string sql,
                                                                      std::vector<Param> params,
                                                                      Deadline deadline) {
-  if (!connected_ || broken_ || busy_) co_return store_errc::unavailable;
+  if (!connected_) co_return store_errc::unavailable;
+  auto run = run_unprepared(std::move(sql), std::move(params));
+  co_return co_await within(std::move(run), deadline, "query timed out", nullptr);
+}
+
+// One operation at a time (the connect, or a statement), under its deadline. The deadline is a
+// timer whose handler cancels the socket wait the operation is suspended in (arm_deadline),
+// not a parallel group racing two spawned coroutines (bench/RESULTS.md, "The statement
+// deadline without a parallel group").
+template <class T>
+asio::awaitable<boost::system::result<T>> PgConnection::within(
+    asio::awaitable<boost::system::result<T>> operation, Deadline deadline, const char* what,
+    const char* name) {
+  if (broken_ || busy_) co_return store_errc::unavailable;
   busy_ = true;
-  auto done = co_await before(run_unprepared(std::move(sql), std::move(params)), &timer_, deadline);
-  if (!done) {
+  arm_deadline(deadline);
+  auto done = co_await std::move(operation);
+  disarm_deadline();
+  if (!done && deadline_passed_) {
+    // The deadline cancelled the wait: the outcome is unknown, and the connection is
+    // mid-operation (wait_failed marked it broken).
     broken_ = true;
-    last_error_ = "query timed out";
+    last_error_ = name ? std::string(what) + ": " + name : std::string(what);
     spdlog::warn("postgres: {}", last_error_);
     co_return store_errc::timed_out;
   }
   busy_ = false;
-  co_return std::move(*done);
+  co_return std::move(done);
+}
+
+// An operation only suspends in a wait on the socket, so cancelling the socket's waits when
+// the timer expires ends it (wait_failed: timed_out). The handler of an expiry already queued
+// when its operation ended belongs to an older generation and does nothing; one queued when
+// this object was destroyed finds `alive_` expired. One io thread: no check races a change.
+void PgConnection::arm_deadline(Deadline deadline) {
+  deadline_passed_ = false;
+  const std::uint64_t generation = ++deadline_generation_;
+  timer_.expires_at(deadline);
+  timer_.async_wait(
+      [this, generation, alive = std::weak_ptr<int>(alive_)](boost::system::error_code ec) {
+        if (ec || alive.expired() || generation != deadline_generation_) return;
+        deadline_passed_ = true;
+        if (socket_) {
+          boost::system::error_code ignored;
+          socket_->cancel(ignored);
+        }
+      });
+}
+
+void PgConnection::disarm_deadline() noexcept {
+  ++deadline_generation_;
+  timer_.cancel();
 }
 
 asio::awaitable<boost::system::result<PgResult>> PgConnection::run_prepared(

@@ -8,6 +8,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/system/result.hpp>
 #include <chrono>
+#include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -128,6 +130,12 @@ class PgConnection {
   boost::asio::awaitable<boost::system::result<PgResult>> run_unprepared(std::string sql,
                                                                          std::vector<Param> params);
   boost::asio::awaitable<boost::system::result<PgResult>> finish_command();
+  template <class T>
+  boost::asio::awaitable<boost::system::result<T>> within(
+      boost::asio::awaitable<boost::system::result<T>> operation, Deadline deadline,
+      const char* what, const char* name);
+  void arm_deadline(Deadline deadline);
+  void disarm_deadline() noexcept;
   bool attach_socket();
   boost::system::error_code lost(const char* what);
   boost::system::error_code wait_failed(boost::system::error_code ec);
@@ -145,6 +153,11 @@ class PgConnection {
   bool connected_ = false;
   bool broken_ = false;
   bool busy_ = false;
+  /// The statement deadline's state (arm_deadline): which statement a timer expiry belongs to,
+  /// whether it expired, and a token that expires with this object.
+  std::uint64_t deadline_generation_ = 0;
+  bool deadline_passed_ = false;
+  std::shared_ptr<int> alive_ = std::make_shared<int>(0);
 };
 
 }  // namespace idemgate::storage::pg
